@@ -1,0 +1,1 @@
+"""crl_jax.data."""

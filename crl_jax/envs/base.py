@@ -1,0 +1,150 @@
+"""The text-environment protocol every crl_jax environment follows.
+
+An environment is gym-like over text. The agent (an LLM) sees a system prompt with the rules, the
+goal and the first observation; each turn it writes free text from which `parse_action` extracts one
+action (by default the content of the last `<answer>...</answer>`). Text that holds no valid action
+is not an error: the environment answers with a clear message, counts it in `info["invalid_actions"]`,
+and the turn still consumes one of `max_turns`.
+
+`reset(seed)` is deterministic: the same seed gives the same task and the same observation sequence
+for the same actions.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import re
+from typing import Any
+
+ANSWER_PATTERN = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepResult:
+    """What one `step` returns, also usable as the gym 5-tuple via `astuple()`."""
+
+    observation: str
+    reward: float
+    terminated: bool
+    truncated: bool
+    info: dict[str, Any]
+
+    def astuple(self):
+        return self.observation, self.reward, self.terminated, self.truncated, self.info
+
+
+def parse_answer_tag(text: str) -> str | None:
+    """Content of the last `<answer>...</answer>` in `text`, stripped, or None."""
+    matches = ANSWER_PATTERN.findall(text or "")
+    if not matches:
+        return None
+    action = matches[-1].strip()
+    return action or None
+
+
+class TextEnv(abc.ABC):
+    """Base class of all text environments.
+
+    Subclasses implement `_reset(seed) -> (observation, goal, extra_info)`,
+    `_step(action) -> (observation, reward, success, done, extra_info)` and `valid_actions()`,
+    and set `name`, `max_turns` and `system_prompt`. The base class handles parsing, invalid
+    actions, turn counting, truncation and the shape of `info`.
+    """
+
+    name: str = "base"
+    max_turns: int = 30
+    # The rules, the action vocabulary and the legend, shown to the agent as the system message.
+    system_prompt: str = ""
+    # What the agent is told when its output holds no valid action.
+    invalid_action_message: str = (
+        "Invalid action. Reply with exactly one action inside <answer>...</answer>."
+    )
+
+    def __init__(self):
+        self._turn = 0
+        self._invalid = 0
+        self._done = True
+        self._goal = ""
+        self._success = False
+
+    # ---- what subclasses provide -------------------------------------------------------------
+    @abc.abstractmethod
+    def _reset(self, seed: int) -> tuple[str, str, dict[str, Any]]:
+        """Start the episode for `seed`; returns (first observation, goal text, extra info)."""
+
+    @abc.abstractmethod
+    def _step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """Apply a parsed, valid action; returns (observation, reward, success, done, extra)."""
+
+    @abc.abstractmethod
+    def valid_actions(self) -> list[str]:
+        """The actions currently allowed, as the agent must write them."""
+
+    def is_valid_action(self, action: str) -> bool:
+        return action in self.valid_actions()
+
+    def parse_action(self, text: str) -> str | None:
+        """Extract the action from model output; None when there is none or it is not valid."""
+        action = parse_answer_tag(text)
+        if action is None:
+            return None
+        action = " ".join(action.lower().split())
+        return action if self.is_valid_action(action) else None
+
+    # ---- the protocol ------------------------------------------------------------------------
+    def reset(self, seed: int) -> tuple[str, dict[str, Any]]:
+        if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+            raise ValueError(f"{self.name}: seed must be a non-negative int, got {seed!r}")
+        self._turn = 0
+        self._invalid = 0
+        self._done = False
+        self._success = False
+        observation, goal, extra = self._reset(seed)
+        self._goal = goal
+        info = {"goal": goal, "seed": seed, "turn": 0, "success": False, "invalid_actions": 0}
+        info.update(extra)
+        return observation, info
+
+    def step(self, action_text: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if self._done:
+            raise RuntimeError(f"{self.name}: step() called on a finished episode; call reset()")
+        self._turn += 1
+        action = self.parse_action(action_text)
+        if action is None:
+            self._invalid += 1
+            observation, reward, success, done, extra = self.invalid_action_message, 0.0, False, False, {}
+        else:
+            observation, reward, success, done, extra = self._step(action)
+        self._success = self._success or success
+        truncated = (not done) and self._turn >= self.max_turns
+        self._done = done or truncated
+        info = {
+            "goal": self._goal,
+            "turn": self._turn,
+            "action": action,
+            "valid_action": action is not None,
+            "success": self._success,
+            "invalid_actions": self._invalid,
+        }
+        info.update(extra)
+        return observation, float(reward), bool(done), bool(truncated), info
+
+    @property
+    def goal(self) -> str:
+        return self._goal
+
+    def close(self) -> None:
+        """Release external resources (subprocesses, simulators)."""
+
+
+class ScriptedAgent(abc.ABC):
+    """An agent that acts through the same text protocol: `act` returns model-like output text."""
+
+    @abc.abstractmethod
+    def reset(self, env: TextEnv, observation: str, info: dict[str, Any]) -> None:
+        """Called after `env.reset`; experts may read privileged state from `env`."""
+
+    @abc.abstractmethod
+    def act(self, observation: str, info: dict[str, Any]) -> str:
+        """Return output text holding one action, e.g. `<answer>north</answer>`."""

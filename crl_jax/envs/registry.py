@@ -1,0 +1,40 @@
+"""Environment registry: `make(name, **kwargs)` and `list_envs()`.
+
+Names map to "module:factory" strings so that optional packages (minihack, textworld) are imported
+only when their environments are made.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from crl_jax.envs.base import TextEnv
+
+# name -> ("module path", "factory name", default kwargs)
+_REGISTRY: dict[str, tuple[str, str, dict]] = {
+    "minihack/room-ultimate-5x5": ("crl_jax.envs.minihack", "MiniHackEnv", {"task": "room-ultimate-5x5"}),
+    "minihack/mazewalk-9x9": ("crl_jax.envs.minihack", "MiniHackEnv", {"task": "mazewalk-9x9"}),
+    "minihack/keyroom-dark-s5": ("crl_jax.envs.minihack", "MiniHackEnv", {"task": "keyroom-dark-s5"}),
+    "minihack/river-narrow": ("crl_jax.envs.minihack", "MiniHackEnv", {"task": "river-narrow"}),
+    "sokoban/6x6-2box": ("crl_jax.envs.sokoban", "SokobanEnv", {}),
+    "textworld/cooking": ("crl_jax.envs.textworld_env", "TextWorldEnv", {"challenge": "cooking"}),
+    "textworld/treasure-hunter": ("crl_jax.envs.textworld_env", "TextWorldEnv", {"challenge": "treasure_hunter"}),
+    "household/v1": ("crl_jax.envs.household", "HouseholdEnv", {}),
+    "shop/v1": ("crl_jax.envs.shop", "ShopEnv", {}),
+    "alfworld/data": ("crl_jax.envs.alfworld_adapter", "ALFWorldEnv", {}),
+    "webshop/data": ("crl_jax.envs.webshop_adapter", "WebShopEnv", {}),
+}
+
+
+def list_envs() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def make(name: str, **kwargs) -> TextEnv:
+    """Build the environment registered as `name`; kwargs override its defaults."""
+    if name not in _REGISTRY:
+        raise KeyError(f"unknown environment {name!r}; known: {', '.join(list_envs())}")
+    module_name, factory_name, defaults = _REGISTRY[name]
+    module = importlib.import_module(module_name)
+    factory = getattr(module, factory_name)
+    return factory(**{**defaults, **kwargs})
