@@ -1,0 +1,231 @@
+"""The decoder-only transformer for the Llama / Qwen2 / Qwen2.5 / Qwen3 family, and its KV cache.
+
+Layers are stored stacked (a leading "layers" axis on every per-layer weight) and run with
+`lax.scan`, so compile time does not grow with depth; each layer body can be rematerialised.
+
+Legend: B batch, T chunk time, S cache slots, L layers, D model, F MLP width, N query heads,
+K kv heads, H head dim, V vocab.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx, struct
+
+from crl_jax.models import layers
+from crl_jax.models.config import DecoderConfig
+
+_REMAT_POLICIES = {
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.checkpoint_dots,
+    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+@struct.dataclass
+class KVCache:
+    """Preallocated keys/values of every layer. Slots are written left to right per row.
+
+    k, v: [L,B,S,K,H]; valid: [B,S] whether a slot holds a real token; end: [B] next free slot.
+    """
+
+    k: jax.Array
+    v: jax.Array
+    valid: jax.Array
+    end: jax.Array
+
+    @property
+    def max_len(self) -> int:
+        return self.k.shape[2]
+
+
+def init_cache(cfg: DecoderConfig, batch_size: int, max_len: int, dtype=None) -> KVCache:
+    dtype = dtype or cfg.compute_dtype
+    shape = (cfg.num_layers, batch_size, max_len, cfg.num_kv_heads, cfg.head_dim)
+    return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
+                   valid=jnp.zeros((batch_size, max_len), bool),
+                   end=jnp.zeros((batch_size,), jnp.int32))
+
+
+CACHE_LOGICAL_AXES = KVCache(k=("layers", "batch", "cache_seq", "kv_heads", "head_dim"),
+                             v=("layers", "batch", "cache_seq", "kv_heads", "head_dim"),
+                             valid=("batch", "cache_seq"), end=("batch",))
+
+
+def _layer_param_shapes(cfg: DecoderConfig) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
+    """name -> (per-layer shape, logical axes without the leading "layers")."""
+    d, f, n, k, h = (cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads,
+                     cfg.head_dim)
+    shapes = {
+        "input_norm": ((d,), ("norm",)),
+        "wq": ((d, n, h), ("embed", "heads", "head_dim")),
+        "wk": ((d, k, h), ("embed", "kv_heads", "head_dim")),
+        "wv": ((d, k, h), ("embed", "kv_heads", "head_dim")),
+        "wo": ((n, h, d), ("heads", "head_dim", "embed")),
+        "post_attention_norm": ((d,), ("norm",)),
+        "w_gate": ((d, f), ("embed", "mlp")),
+        "w_up": ((d, f), ("embed", "mlp")),
+        "w_down": ((f, d), ("mlp", "embed")),
+    }
+    if cfg.qkv_bias:
+        shapes.update(bq=((n, h), ("heads", "head_dim")), bk=((k, h), ("kv_heads", "head_dim")),
+                      bv=((k, h), ("kv_heads", "head_dim")))
+    if cfg.o_bias:
+        shapes["bo"] = ((d,), ("embed",))
+    if cfg.qk_norm:
+        shapes.update(q_norm=((h,), ("head_dim",)), k_norm=((h,), ("head_dim",)))
+    return shapes
+
+
+class DecoderLayers(nnx.Module):
+    """All transformer blocks, each weight stacked over a leading layer axis."""
+
+    def __init__(self, cfg: DecoderConfig, *, rngs: nnx.Rngs):
+        for name, (shape, axes) in _layer_param_shapes(cfg).items():
+            full_shape = (cfg.num_layers, *shape)
+            if name.endswith("norm"):
+                value = jnp.ones(full_shape, cfg.weight_dtype)
+            elif name.startswith("b"):
+                value = jnp.zeros(full_shape, cfg.weight_dtype)
+            else:
+                value = layers.normal_init(rngs.params(), full_shape, cfg.weight_dtype)
+            setattr(self, name, layers.param(value, ("layers", *axes)))
+
+
+class Decoder(nnx.Module):
+    """Decoder-only LM. Call: tokens [B,T] -> logits [B,T,V] (float32), see crl_jax/models/API.md."""
+
+    def __init__(self, cfg: DecoderConfig, *, rngs: nnx.Rngs):
+        self.config = cfg
+        self.embed = layers.param(
+            layers.normal_init(rngs.params(), (cfg.vocab_size, cfg.hidden_size), cfg.weight_dtype),
+            ("vocab", "embed"))
+        self.layers = DecoderLayers(cfg, rngs=rngs)
+        self.final_norm = layers.param(jnp.ones((cfg.hidden_size,), cfg.weight_dtype), ("norm",))
+        if not cfg.tie_embeddings:
+            self.lm_head = layers.param(
+                layers.normal_init(rngs.params(), (cfg.hidden_size, cfg.vocab_size), cfg.weight_dtype),
+                ("embed", "vocab"))
+
+    def __call__(self, tokens: jax.Array, positions: jax.Array | None = None,
+                 attention_mask: jax.Array | None = None, cache: KVCache | None = None,
+                 return_hidden: bool = False):
+        cfg = self.config
+        tokens = jnp.asarray(tokens, jnp.int32)
+        if tokens.ndim != 2:
+            raise ValueError(f"tokens must be [batch, time] int ids, got shape {tokens.shape}")
+        batch, time = tokens.shape
+        mask = (jnp.ones((batch, time), bool) if attention_mask is None
+                else jnp.asarray(attention_mask).astype(bool))
+        if mask.shape != tokens.shape:
+            raise ValueError(f"attention_mask shape {mask.shape} != tokens shape {tokens.shape}")
+        if positions is None:
+            before = 0 if cache is None else jnp.sum(cache.valid, axis=1, keepdims=True)
+            positions = jnp.maximum(before + jnp.cumsum(mask, axis=1) - 1, 0)
+        positions = jnp.asarray(positions, jnp.int32)
+        if positions.shape != tokens.shape:
+            raise ValueError(f"positions shape {positions.shape} != tokens shape {tokens.shape}")
+
+        if cache is None:
+            # Slot s of the chunk is visible to query t when s <= t and s is not padding.
+            slot = jnp.arange(time)
+            attn_mask = mask[:, None, :] & (slot[None, :, None] >= slot[None, None, :])
+            write_slots = None
+        else:
+            if cache.k.shape[1] != batch:
+                raise ValueError(f"cache batch {cache.k.shape[1]} != tokens batch {batch}")
+            write_slots = cache.end[:, None] + jnp.arange(time)[None, :]  # [B,T]
+            rows = jnp.arange(batch)[:, None]
+            valid = cache.valid.at[rows, write_slots].set(mask, mode="drop")
+            slot = jnp.arange(cache.max_len)
+            attn_mask = valid[:, None, :] & (slot[None, None, :] <= write_slots[:, :, None])
+
+        x = jnp.take(self.embed.value, tokens, axis=0).astype(cfg.compute_dtype)
+        x, new_kv = _run_layers(cfg, self.layers, x, positions, attn_mask, cache, write_slots)
+        x = layers.rms_norm(x, self.final_norm.value, cfg.rms_norm_eps)
+        if return_hidden:
+            out = x
+        else:
+            head = self.embed.value.T if cfg.tie_embeddings else self.lm_head.value
+            out = jnp.einsum("btd,dv->btv", x, head.astype(cfg.compute_dtype),
+                             preferred_element_type=jnp.float32)
+        if cache is None:
+            return out
+        # A row advances past its last real token; an all-padding chunk leaves it where it was.
+        last_real = jnp.max(jnp.where(mask, jnp.arange(time)[None, :] + 1, 0), axis=1)
+        new_cache = KVCache(k=new_kv[0], v=new_kv[1], valid=valid, end=cache.end + last_real)
+        return out, new_cache
+
+
+def _run_layers(cfg, stacked: DecoderLayers, x, positions, attn_mask, cache, write_slots):
+    """Scan the transformer blocks. Returns the final hidden state and the updated (k, v) caches."""
+    weights = {name: getattr(stacked, name).value for name in _layer_param_shapes(cfg)}
+    inv_freq = layers.rope_inverse_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+    dtype = cfg.compute_dtype
+    batch = x.shape[0]
+
+    def block(x, w, k_cache, v_cache):
+        w = {name: value.astype(dtype) for name, value in w.items()}
+        h = layers.rms_norm(x, w["input_norm"], cfg.rms_norm_eps)
+        q = jnp.einsum("btd,dnh->btnh", h, w["wq"])
+        k = jnp.einsum("btd,dkh->btkh", h, w["wk"])
+        v = jnp.einsum("btd,dkh->btkh", h, w["wv"])
+        if cfg.qkv_bias:
+            q, k, v = q + w["bq"], k + w["bk"], v + w["bv"]
+        if cfg.qk_norm:
+            q = layers.rms_norm(q, w["q_norm"], cfg.rms_norm_eps)
+            k = layers.rms_norm(k, w["k_norm"], cfg.rms_norm_eps)
+        q = layers.apply_rope(q, positions, inv_freq)
+        k = layers.apply_rope(k, positions, inv_freq)
+        if k_cache is not None:
+            rows = jnp.arange(batch)[:, None]
+            k_cache = k_cache.at[rows, write_slots].set(k.astype(k_cache.dtype), mode="drop")
+            v_cache = v_cache.at[rows, write_slots].set(v.astype(v_cache.dtype), mode="drop")
+            k, v = k_cache.astype(dtype), v_cache.astype(dtype)
+        attn = layers.grouped_attention(q, k, v, attn_mask)
+        out = jnp.einsum("btnh,nhd->btd", attn, w["wo"])
+        if cfg.o_bias:
+            out = out + w["bo"]
+        x = x + out
+        h = layers.rms_norm(x, w["post_attention_norm"], cfg.rms_norm_eps)
+        gate = jnp.einsum("btd,df->btf", h, w["w_gate"])
+        up = jnp.einsum("btd,df->btf", h, w["w_up"])
+        x = x + jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, w["w_down"])
+        return x, k_cache, v_cache
+
+    if cfg.remat != "none":
+        block = jax.checkpoint(block, policy=_REMAT_POLICIES[cfg.remat])
+
+    if cache is None:
+        def step(x, w):
+            x, _, _ = block(x, w, None, None)
+            return x, None
+        x, _ = jax.lax.scan(step, x, weights)
+        return x, None
+
+    # The caches travel in the carry and are updated in place at layer i, so a decode step does
+    # not copy the whole cache through scan outputs.
+    def step_cached(carry, w):
+        x, k_all, v_all, i = carry
+        x, k_i, v_i = block(x, w, k_all[i], v_all[i])
+        k_all = jax.lax.dynamic_update_index_in_dim(k_all, k_i, i, axis=0)
+        v_all = jax.lax.dynamic_update_index_in_dim(v_all, v_i, i, axis=0)
+        return (x, k_all, v_all, i + 1), None
+
+    (x, k_all, v_all, _), _ = jax.lax.scan(step_cached, (x, cache.k, cache.v, 0), weights)
+    return x, (k_all, v_all)
+
+
+def apply(graphdef: nnx.GraphDef, params: nnx.State, tokens, positions=None, attention_mask=None,
+          cache: KVCache | None = None, return_hidden: bool = False):
+    """Functional forward for use inside jit: params are an argument, never closed over."""
+    model = nnx.merge(graphdef, params)
+    return model(tokens, positions=positions, attention_mask=attention_mask, cache=cache,
+                 return_hidden=return_hidden)
+
+
+def param_logical_axes(params: nnx.State):
+    """The tree of logical-axis tuples matching `params` (as split from a crl_jax model)."""
+    return jax.tree.map(lambda v: v.get_metadata().get("logical_axes"), params,
+                        is_leaf=lambda x: isinstance(x, nnx.Variable))

@@ -1,0 +1,82 @@
+"""Building blocks shared by crl_jax's models: logically-named params, RMSNorm, RoPE, attention.
+
+Legend: B batch, T query time, S key slots, D model, N query heads, K kv heads, G = N / K query heads
+per kv head, H head dim.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from crl_jax.models.config import RopeScaling
+
+# A finite "minus infinity" keeps fully-masked rows (pad queries) finite instead of NaN.
+MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
+
+
+def param(value: jax.Array, logical_axes: tuple[str | None, ...]) -> nnx.Param:
+    """An nnx.Param carrying its logical-axis names (see crl_jax/sharding.py) as metadata."""
+    if len(logical_axes) != value.ndim:
+        raise ValueError(f"{len(logical_axes)} logical axes {logical_axes} for a {value.ndim}-d param")
+    return nnx.Param(value, logical_axes=tuple(logical_axes))
+
+
+def normal_init(key: jax.Array, shape: tuple[int, ...], dtype, stddev: float = 0.02) -> jax.Array:
+    return (stddev * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+    """RMSNorm computed in float32 and cast back, as the reference implementations do."""
+    x32 = x.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return (weight.astype(jnp.float32) * normed).astype(x.dtype)
+
+
+def rope_inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None) -> jax.Array:
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+    if scaling is None:
+        return inv_freq
+    if scaling.rope_type == "linear":
+        return inv_freq / scaling.factor
+    if scaling.rope_type != "llama3":
+        raise ValueError(f"unsupported rope scaling type {scaling.rope_type!r} (llama3, linear)")
+    # Llama 3.1: long wavelengths are slowed by `factor`, short ones kept, and the band between
+    # is interpolated smoothly.
+    old_len = scaling.original_max_position_embeddings
+    low_wavelen = old_len / scaling.low_freq_factor
+    high_wavelen = old_len / scaling.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = jnp.where(wavelen > low_wavelen, inv_freq / scaling.factor, inv_freq)
+    smooth = (old_len / wavelen - scaling.low_freq_factor) / (
+        scaling.high_freq_factor - scaling.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+    is_medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return jnp.where(is_medium, smoothed, scaled)
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.Array:
+    """Rotary embedding in the Hugging Face "rotate half" layout. x: [B,T,*,H], positions [B,T]."""
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B,T,H/2]
+    angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]
+    cos, sin = jnp.cos(angles), jnp.sin(angles)
+    x32 = x.astype(jnp.float32)
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
+    return (x32 * cos + rotated * sin).astype(x.dtype)
+
+
+def grouped_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """Grouped-query attention. q [B,T,N,H], k/v [B,S,K,H], mask [B,T,S] bool -> [B,T,N,H]."""
+    b, t, n, h = q.shape
+    kv_heads = k.shape[2]
+    q = q.reshape(b, t, kv_heads, n // kv_heads, h)
+    scores = jnp.einsum("btkgh,bskh->bkgts", q, k, preferred_element_type=jnp.float32)
+    scores = scores * (1.0 / math.sqrt(h))
+    scores = jnp.where(mask[:, None, None, :, :], scores, MASK_VALUE)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgts,bskh->btkgh", probs, v, preferred_element_type=jnp.float32)
+    return out.reshape(b, t, n, h).astype(q.dtype)

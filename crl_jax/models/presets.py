@@ -1,0 +1,67 @@
+"""Named model configurations: `tiny` for CPU runs and tests, and the published checkpoints.
+
+Full-size presets match the published config.json of each checkpoint, so `jax.eval_shape` of a
+preset gives the published parameter count without allocating anything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+from crl_jax.models.config import DecoderConfig
+
+_DECODER_PRESETS: dict[str, DecoderConfig] = {
+    # A few million parameters: the CPU default actor/extractor; vocab is replaced by the size of
+    # the word-level tokenizer built from the environment.
+    "tiny": DecoderConfig(
+        vocab_size=1024, hidden_size=256, intermediate_size=768, num_layers=4, num_heads=4,
+        num_kv_heads=2, head_dim=64, rope_theta=10000.0, rms_norm_eps=1e-6, tie_embeddings=True,
+        max_position_embeddings=8192, model_type="qwen2", qkv_bias=True),
+    "smollm2-135m": DecoderConfig(
+        vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9,
+        num_kv_heads=3, head_dim=64, rope_theta=100000.0, rms_norm_eps=1e-5, tie_embeddings=True,
+        max_position_embeddings=8192, model_type="llama", bos_token_id=1, eos_token_id=2,
+        pad_token_id=2),
+    "qwen2.5-0.5b": DecoderConfig(
+        vocab_size=151936, hidden_size=896, intermediate_size=4864, num_layers=24, num_heads=14,
+        num_kv_heads=2, head_dim=64, rope_theta=1000000.0, rms_norm_eps=1e-6, tie_embeddings=True,
+        qkv_bias=True, max_position_embeddings=32768, model_type="qwen2", eos_token_id=151645,
+        pad_token_id=151643),
+    "qwen2.5-7b": DecoderConfig(
+        vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_layers=28, num_heads=28,
+        num_kv_heads=4, head_dim=128, rope_theta=1000000.0, rms_norm_eps=1e-6, tie_embeddings=False,
+        qkv_bias=True, max_position_embeddings=32768, model_type="qwen2", eos_token_id=151645,
+        pad_token_id=151643),
+    "qwen3-4b": DecoderConfig(
+        vocab_size=151936, hidden_size=2560, intermediate_size=9728, num_layers=36, num_heads=32,
+        num_kv_heads=8, head_dim=128, rope_theta=5000000.0, rms_norm_eps=1e-6, tie_embeddings=True,
+        qk_norm=True, max_position_embeddings=262144, model_type="qwen3", eos_token_id=151645,
+        pad_token_id=151643),
+    "qwen3-embedding-0.6b": DecoderConfig(
+        vocab_size=151669, hidden_size=1024, intermediate_size=3072, num_layers=28, num_heads=16,
+        num_kv_heads=8, head_dim=128, rope_theta=1000000.0, rms_norm_eps=1e-6, tie_embeddings=True,
+        qk_norm=True, max_position_embeddings=32768, model_type="qwen3", eos_token_id=151643,
+        pad_token_id=151643),
+}
+
+# Presets of other model families (e.g. the BERT embedder) register a factory here.
+_OTHER_PRESETS: dict[str, Callable[[], Any]] = {}
+
+
+def register_preset(name: str, factory: Callable[[], Any]) -> None:
+    _OTHER_PRESETS[name] = factory
+
+
+def list_presets() -> list[str]:
+    return sorted([*_DECODER_PRESETS, *_OTHER_PRESETS])
+
+
+def get_preset(name: str, **overrides: Any):
+    """The config named `name`, with dataclass fields overridden (e.g. dtype="bfloat16")."""
+    if name in _DECODER_PRESETS:
+        return dataclasses.replace(_DECODER_PRESETS[name], **overrides)
+    if name in _OTHER_PRESETS:
+        cfg = _OTHER_PRESETS[name]()
+        return dataclasses.replace(cfg, **overrides) if overrides else cfg
+    raise KeyError(f"unknown preset {name!r}; known: {', '.join(list_presets())}")

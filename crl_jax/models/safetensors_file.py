@@ -1,0 +1,79 @@
+"""Minimal safetensors reading (memory-mapped, lazy) and writing, bfloat16 included.
+
+The format is an 8-byte little-endian header length, a JSON header (name -> dtype, shape, byte
+offsets), then raw little-endian tensor bytes. Reading through numpy memory maps means a tensor is
+only paged in when a shard of it is actually used, and bfloat16 works through ml_dtypes without
+needing torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+
+import ml_dtypes
+import numpy as np
+
+_DTYPES = {
+    "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
+    "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8,
+    "BOOL": np.bool_,
+}
+_NAMES = {np.dtype(v): k for k, v in _DTYPES.items()}
+
+
+class SafetensorsFile:
+    """Lazy view of one .safetensors file: `names()`, `shape(name)`, `get(name) -> np.ndarray`."""
+
+    def __init__(self, path: str):
+        self.path = path
+        with open(path, "rb") as f:
+            raw = f.read(8)
+            if len(raw) != 8:
+                raise ValueError(f"{path}: not a safetensors file (shorter than its header)")
+            (header_len,) = struct.unpack("<Q", raw)
+            if header_len > os.path.getsize(path):
+                raise ValueError(f"{path}: not a safetensors file (bad header length)")
+            self._header = json.loads(f.read(header_len))
+        self._header.pop("__metadata__", None)
+        self._data_offset = 8 + header_len
+        self._mmap = np.memmap(path, dtype=np.uint8, mode="r")
+
+    def names(self) -> list[str]:
+        return list(self._header)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self._header[name]["shape"])
+
+    def get(self, name: str) -> np.ndarray:
+        info = self._header[name]
+        if info["dtype"] not in _DTYPES:
+            raise ValueError(f"{self.path}: tensor {name} has unsupported dtype {info['dtype']}")
+        start, end = info["data_offsets"]
+        raw = self._mmap[self._data_offset + start:self._data_offset + end]
+        return raw.view(_DTYPES[info["dtype"]]).reshape(info["shape"])
+
+
+def save_file(tensors: dict[str, np.ndarray], path: str, metadata: dict[str, str] | None = None):
+    """Write `tensors` as one .safetensors file (atomically: temp file, then rename)."""
+    header: dict = {"__metadata__": metadata or {"format": "pt"}}
+    offset = 0
+    arrays = {}
+    for name, array in tensors.items():
+        array = np.ascontiguousarray(array)
+        if array.dtype not in _NAMES:
+            raise ValueError(f"cannot save tensor {name} of dtype {array.dtype}")
+        arrays[name] = array
+        header[name] = {"dtype": _NAMES[array.dtype], "shape": list(array.shape),
+                        "data_offsets": [offset, offset + array.nbytes]}
+        offset += array.nbytes
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)  # keep tensor data 8-byte aligned
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(struct.pack("<Q", len(encoded)))
+        f.write(encoded)
+        for array in arrays.values():
+            f.write(array.tobytes())
+    os.replace(tmp, path)
