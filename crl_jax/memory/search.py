@@ -1,0 +1,156 @@
+"""Bank search: exact top-k by inner product inside a task partition, then the diversity re-rank.
+
+Retrieval follows the paper's Appendix B: take an oversampled candidate set (k times
+`candidate_multiplier`) by similarity, score each candidate by
+    s(m) = -rank(m) - lambda * log(1 + c(m)) - recency_penalty * 1[recent(m)]
+(rank 0 = most similar, c(m) = times shown to the actor, recent = shown within `recency_window`
+steps), keep the best k. The released code adds a random demotion: with probability
+`demote_prob`, a re-ranked top-1 that was itself shown recently moves behind every other valid
+candidate. Rank ties keep similarity order; every step is deterministic given the PRNG key.
+
+With a mesh, the slot axis stays sharded: each device takes its local top candidates and only
+those (B x C per device) are gathered and merged, never the full score matrix. A single device is
+the same code with one shard, so both paths give identical results.
+
+Legend: B queries, P task partitions, M slots per partition (m per device), E embedding,
+C candidates (k * candidate_multiplier), k results.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+from jax.sharding import Mesh, PartitionSpec
+
+from crl_jax import sharding
+from crl_jax.memory.bank import NEVER, Bank
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchConfig:
+    k: int = 1                     # entries returned per query (released config: 1)
+    candidate_multiplier: int = 16
+    count_penalty: float = 0.4     # lambda
+    recency_window: int = 1        # steps; 1 = "already shown at this step"
+    recency_penalty: float = 1.0
+    demote_prob: float = 0.5
+
+    def __post_init__(self):
+        problems = [f"{name} must be >= {lo}, got {getattr(self, name)}" for name, lo in
+                    (("k", 1), ("candidate_multiplier", 1), ("count_penalty", 0),
+                     ("recency_window", 0), ("recency_penalty", 0)) if getattr(self, name) < lo]
+        if not 0.0 <= self.demote_prob <= 1.0:
+            problems.append(f"demote_prob must be in [0, 1], got {self.demote_prob}")
+        if problems:
+            raise ValueError("invalid SearchConfig: " + "; ".join(problems))
+
+    @property
+    def num_candidates(self) -> int:
+        return self.k * self.candidate_multiplier
+
+
+@struct.dataclass
+class SearchResult:
+    entry_ids: jax.Array   # [B, k] int32, NEVER where the partition had fewer than k entries
+    similarity: jax.Array  # [B, k] float32 inner product of query and key (-inf where empty)
+    score: jax.Array       # [B, k] float32 re-rank score s(m) (-inf where empty)
+
+
+def _local_candidates(keys, valid, entry_id, count, last, slot_index, queries, task_ids, c):
+    """Top-`c` candidates of each query among this shard's slots of its own partition."""
+    sims = jnp.einsum("be,pme->bpm", queries, keys, preferred_element_type=jnp.float32)
+    if keys.shape[0] > 1:
+        sims = jnp.take_along_axis(sims, task_ids[:, None, None], axis=1)
+    sims = sims[:, 0]                                                        # [B, m]
+    sims = jnp.where(valid[task_ids], sims, -jnp.inf)
+    sim, idx = jax.lax.top_k(sims, min(c, sims.shape[1]))                   # [B, c]
+    rows = task_ids[:, None]
+    live = sim > -jnp.inf
+    return (sim, jnp.where(live, entry_id[rows, idx], NEVER), count[rows, idx], last[rows, idx],
+            slot_index[idx])
+
+
+def _merge(cands, c):
+    """Best `c` of candidate lists concatenated along axis 1 in slot order (ties: lower slot)."""
+    sim, idx = jax.lax.top_k(cands[0], min(c, cands[0].shape[1]))
+    return (sim,) + tuple(jnp.take_along_axis(x, idx, axis=1) for x in cands[1:])
+
+
+def candidates(bank: Bank, queries, task_ids, cfg: SearchConfig, mesh: Mesh | None = None):
+    """`(similarity, entry_id, retrieval_count, last_retrieved_step, slot)`, each [B, C], in
+    descending similarity order."""
+    c = cfg.num_candidates
+    slot_index = jnp.arange(bank.capacity, dtype=jnp.int32)
+    args = (bank.keys, bank.valid, bank.entry_id, bank.retrieval_count, bank.last_retrieved_step,
+            slot_index, queries, task_ids)
+    spec = sharding.logical_to_spec((None, "memory_slots"), mesh, bank.valid.shape) if mesh else None
+    slot_axes = () if spec is None or spec[1] is None else (
+        (spec[1],) if isinstance(spec[1], str) else tuple(spec[1]))
+    if not slot_axes:
+        return _merge(_local_candidates(*args, c), c)
+
+    def per_shard(*a):
+        local = _local_candidates(*a, c)
+        gathered = tuple(jax.lax.all_gather(x, slot_axes, axis=1, tiled=True) for x in local)
+        return _merge(gathered, c)
+
+    slots = PartitionSpec(None, spec[1])
+    in_specs = (PartitionSpec(None, spec[1], None),) + (slots,) * 4 + (
+        PartitionSpec(spec[1]), PartitionSpec(), PartitionSpec())
+    return jax.shard_map(per_shard, mesh=mesh, in_specs=in_specs, out_specs=PartitionSpec(),
+                         check_vma=False)(*args)
+
+
+def rerank(sim, ids, count, last, step, rng, cfg: SearchConfig) -> SearchResult:
+    """Diversity re-rank of candidates [B, C] (similarity order) down to the best k."""
+    b, c = sim.shape
+    live = ids != NEVER
+    rank = jnp.arange(c, dtype=jnp.float32)
+    recent = (last != NEVER) & (jnp.asarray(step, jnp.int32) - last < cfg.recency_window)
+    score = -rank - cfg.count_penalty * jnp.log1p(count.astype(jnp.float32)) \
+        - cfg.recency_penalty * recent.astype(jnp.float32)
+    score = jnp.where(live, score, -jnp.inf)
+    order = jnp.argsort(-score, axis=1, stable=True)       # ties keep similarity order
+    top = order[:, 0]
+    n_live = live.sum(1)
+    draw = jax.random.uniform(rng, (b,)) < cfg.demote_prob
+    demote = draw & jnp.take_along_axis(recent, top[:, None], axis=1)[:, 0] & (n_live > 1)
+    # Demotion rotates the live prefix of `order` left by one: the old top-1 lands last among
+    # the live candidates, empty candidates stay behind it.
+    j = jnp.arange(c)[None, :]
+    last_live = (n_live - 1)[:, None]
+    rotated = jnp.where(j < last_live, j + 1, jnp.where(j == last_live, 0, j))
+    perm = jnp.where(demote[:, None], rotated, j)
+    order = jnp.take_along_axis(order, perm, axis=1)[:, :cfg.k]
+    pick = lambda x: jnp.take_along_axis(x, order, axis=1)
+    return SearchResult(entry_ids=pick(ids), similarity=pick(sim), score=pick(score))
+
+
+def search(bank: Bank, queries, task_ids, rng, step, *, cfg: SearchConfig,
+           mesh: Mesh | None = None) -> SearchResult:
+    """Search `queries` [B, E] each in its partition `task_ids` [B], then re-rank to top `cfg.k`.
+
+    Jit with `static_argnames=("cfg", "mesh")`. Concrete inputs are checked here; inside jit the
+    caller (the manager) has already checked them."""
+    if not isinstance(queries, jax.core.Tracer) and not isinstance(task_ids, jax.core.Tracer):
+        _check_inputs(bank, queries, task_ids)
+    queries = jnp.asarray(queries).astype(bank.keys.dtype)
+    task_ids = jnp.asarray(task_ids, jnp.int32)
+    sim, ids, count, last, _ = candidates(bank, queries, task_ids, cfg, mesh)
+    return rerank(sim, ids, count, last, step, rng, cfg)
+
+
+def _check_inputs(bank: Bank, queries, task_ids) -> None:
+    q, t = np.shape(queries), np.shape(task_ids)
+    if len(q) != 2 or q[1] != bank.dim:
+        raise ValueError(f"queries must be [B, {bank.dim}], got shape {q}")
+    if t != (q[0],):
+        raise ValueError(f"task_ids must be [{q[0]}] (one per query), got shape {t}")
+    if isinstance(task_ids, (np.ndarray, list, tuple)) and len(task_ids):
+        tids = np.asarray(task_ids)
+        if tids.min() < 0 or tids.max() >= bank.num_tasks:
+            raise ValueError(f"task_ids must be in [0, {bank.num_tasks}), got {tids.min()}..{tids.max()}")
