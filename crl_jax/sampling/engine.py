@@ -1,0 +1,182 @@
+"""The device side of generation: append a chunk to each row's KV cache, then decode in a loop.
+
+`generate` is one jitted program per (graphdef, spec, chunk length): it writes a padded chunk of new
+tokens (a prompt, or the environment's reply plus the token still pending from the previous call)
+into the preallocated cache, samples the first token from the last real position of the chunk,
+and then decodes one token per step inside `lax.while_loop` until every row is done or
+`spec.max_new_tokens` tokens were produced. Weights are an argument (new weights never recompile);
+the `SamplerState` (cache + random key) is donated, so the cache is updated in place.
+
+The last token sampled in a call is returned but not yet written to the cache (writing it would
+cost a forward pass whose logits nobody needs when the episode ends); the caller feeds it at the
+start of the next chunk. Finished rows feed a padding token, which leaves their cache unchanged.
+
+Legend: B batch, T chunk time, N max new tokens, S cache slots, D model, V vocab.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import nnx, struct
+from jax.sharding import Mesh
+
+from crl_jax import models, sharding
+from crl_jax.sampling import stops
+from crl_jax.sampling.methods import choose_tokens
+from crl_jax.sampling.spec import SamplerSpec
+
+PAD_OUTPUT = -1  # token id written past a row's end in the output buffer
+
+
+@struct.dataclass
+class SamplerState:
+    """What persists on device between calls: the KV cache and the random key."""
+
+    cache: models.KVCache
+    rng: jax.Array
+
+
+@struct.dataclass
+class SampleOutput:
+    """One call's results. Row b produced tokens[b, :lengths[b]] (PAD_OUTPUT after).
+
+    logprobs: log-softmax of the raw model logits (temperature 1) at each sampled token: the
+      policy log-probability the RL losses need. processed_logprobs: under the processed
+      distribution actually sampled from (None unless the spec asks for it).
+    finish_reason: per row, one of stops.FINISH_REASONS.
+    """
+
+    tokens: jax.Array
+    logprobs: jax.Array
+    processed_logprobs: jax.Array | None
+    lengths: jax.Array
+    finish_reason: jax.Array
+
+
+def init_state(cfg: models.DecoderConfig, batch_size: int, spec: SamplerSpec, seed: int | jax.Array = 0,
+               cache_dtype=None, mesh: Mesh | None = None) -> SamplerState:
+    """An empty state; with a mesh, the cache is born sharded (batch over data, heads over tensor)."""
+    rng = jax.random.key(seed) if isinstance(seed, int) else seed
+
+    def make():
+        return SamplerState(cache=models.init_cache(cfg, batch_size, spec.cache_length, cache_dtype),
+                            rng=rng)
+
+    if mesh is None:
+        return make()
+    return jax.jit(make, out_shardings=state_shardings(mesh, jax.eval_shape(make)))()
+
+
+def state_shardings(mesh: Mesh, state: SamplerState) -> SamplerState:
+    """NamedShardings for a (possibly abstract) state, from the cache's logical axes."""
+    cache = sharding.tree_shardings(mesh, state.cache, models.CACHE_LOGICAL_AXES)
+    return SamplerState(cache=cache, rng=sharding.logical_sharding(mesh, None))
+
+
+def _head_logits(graphdef: nnx.GraphDef, params: nnx.State, hidden: jax.Array) -> jax.Array:
+    """Logits [B,V] float32 from final hidden states [B,D] (lm head or tied embedding)."""
+    model = nnx.merge(graphdef, params)
+    cfg = model.config
+    head = model.embed.value.T if cfg.tie_embeddings else model.lm_head.value
+    return jnp.einsum("bd,dv->bv", hidden, head.astype(hidden.dtype),
+                      preferred_element_type=jnp.float32)
+
+
+def generate(graphdef: nnx.GraphDef, params: nnx.State, state: SamplerState, tokens: jax.Array,
+             mask: jax.Array, active: jax.Array, reset: jax.Array, *, spec: SamplerSpec,
+             mesh: Mesh | None = None) -> tuple[SamplerState, SampleOutput]:
+    """Append tokens [B,T] (mask [B,T]: real tokens) to each row, then generate.
+
+    active [B] bool: rows that generate in this call; the others must have an all-padding chunk
+    and keep their cache untouched. reset [B] bool: rows whose cache is emptied before the chunk
+    is written (re-prefill after dropping old turns). The caller guarantees that each active row
+    has at least one real token and that end + real length + max_new_tokens - 1 <= S.
+    """
+    cache = state.cache
+    batch, slots = cache.valid.shape
+    limit = spec.max_new_tokens
+    mask = mask.astype(bool) & active[:, None]
+    cache = cache.replace(valid=cache.valid & ~reset[:, None], end=jnp.where(reset, 0, cache.end))
+    rng, call_rng = jax.random.split(state.rng)
+
+    def constrain_cache(c):
+        return jax.tree.map(lambda x, axes: sharding.constrain(x, mesh, axes), c,
+                            models.CACHE_LOGICAL_AXES, is_leaf=lambda a: isinstance(a, tuple))
+
+    # Prefill: only the last real position of each row needs logits, so project just those.
+    hidden, cache = models.apply(graphdef, params, tokens, attention_mask=mask, cache=cache,
+                                 return_hidden=True)
+    cache = constrain_cache(cache)
+    last = jnp.max(jnp.where(mask, jnp.arange(tokens.shape[1])[None, :], 0), axis=1)
+    last_hidden = jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0]
+    logits = _head_logits(graphdef, params, last_hidden)
+
+    out_tokens = jnp.full((batch, limit), PAD_OUTPUT, jnp.int32)
+    out_logprobs = jnp.zeros((batch, limit), jnp.float32)
+    out_processed = jnp.zeros((batch, limit), jnp.float32) if spec.return_processed_logprobs else None
+    reason = jnp.where(active, stops.RUNNING, stops.INACTIVE).astype(jnp.int32)
+    window = stops.empty_window(batch, spec)
+
+    def record(step, logits, done, reason, window, out_tokens, out_logprobs, out_processed):
+        """Sample a token for every row; rows already done keep their outputs and state."""
+        token, logprob, processed = choose_tokens(jax.random.fold_in(call_rng, step), logits, spec)
+        token = jnp.where(done, PAD_OUTPUT, token)
+        out_tokens = jax.lax.dynamic_update_index_in_dim(out_tokens, token, step, axis=1)
+        out_logprobs = jax.lax.dynamic_update_index_in_dim(
+            out_logprobs, jnp.where(done, 0.0, logprob), step, axis=1)
+        if out_processed is not None:
+            out_processed = jax.lax.dynamic_update_index_in_dim(
+                out_processed, jnp.where(done, 0.0, processed), step, axis=1)
+        new_window, matched = stops.push_and_match(window, token, spec)
+        window = jnp.where(done[:, None], window, new_window)
+        hit_eos = stops.is_eos(token, spec) & ~done
+        hit_stop = matched & ~done & ~hit_eos
+        reason = jnp.where(hit_eos, stops.EOS, jnp.where(hit_stop, stops.STOP_SEQUENCE, reason))
+        done = done | hit_eos | hit_stop
+        return token, done, reason, window, out_tokens, out_logprobs, out_processed
+
+    done = ~active
+    token, done, reason, window, out_tokens, out_logprobs, out_processed = record(
+        0, logits, done, reason, window, out_tokens, out_logprobs, out_processed)
+    lengths = active.astype(jnp.int32)
+
+    def cond(carry):
+        step, _, done = carry[:3]
+        return (step < limit) & ~jnp.all(done)
+
+    def body(carry):
+        step, token, done, reason, window, lengths, cache, out_tokens, out_logprobs, out_processed = carry
+        # A row whose cache is full cannot take its pending token: it stops here.
+        full = ~done & (cache.end >= slots)
+        reason = jnp.where(full, stops.CACHE_FULL, reason)
+        done = done | full
+        feed = jnp.where(done, 0, token)[:, None]
+        logits, cache = models.apply(graphdef, params, feed, attention_mask=~done[:, None],
+                                     cache=cache)
+        cache = constrain_cache(cache)
+        running = ~done
+        token, done, reason, window, out_tokens, out_logprobs, out_processed = record(
+            step, logits[:, 0], done, reason, window, out_tokens, out_logprobs, out_processed)
+        lengths = lengths + running.astype(jnp.int32)
+        return (step + 1, token, done, reason, window, lengths, cache, out_tokens, out_logprobs,
+                out_processed)
+
+    carry = (jnp.int32(1), token, done, reason, window, lengths, cache, out_tokens, out_logprobs,
+             out_processed)
+    carry = jax.lax.while_loop(cond, body, carry)
+    _, _, done, reason, _, lengths, cache, out_tokens, out_logprobs, out_processed = carry
+    reason = jnp.where(done, reason, stops.MAX_TOKENS)
+    output = SampleOutput(tokens=out_tokens, logprobs=out_logprobs,
+                          processed_logprobs=out_processed, lengths=lengths, finish_reason=reason)
+    return SamplerState(cache=cache, rng=rng), output
+
+
+@functools.lru_cache(maxsize=None)
+def jitted_generate(graphdef: nnx.GraphDef, spec: SamplerSpec, mesh: Mesh | None = None):
+    """`generate` compiled for one model structure and spec; the state argument is donated.
+    (Cached so every caller with the same graphdef/spec/mesh shares one compile cache.)"""
+    fn = functools.partial(generate, graphdef, spec=spec, mesh=mesh)
+    return jax.jit(fn, donate_argnums=(1,))
