@@ -19,6 +19,9 @@ C candidates (k * candidate_multiplier), k results.
 from __future__ import annotations
 
 import dataclasses
+import functools
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -27,7 +30,7 @@ from flax import struct
 from jax.sharding import Mesh, PartitionSpec
 
 from crl_jax import sharding
-from crl_jax.memory.bank import NEVER, Bank
+from crl_jax.memory.bank import NEVER, Bank, apply_changes, mark_retrieved, mark_trained
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,3 +157,23 @@ def _check_inputs(bank: Bank, queries, task_ids) -> None:
         tids = np.asarray(task_ids)
         if tids.min() < 0 or tids.max() >= bank.num_tasks:
             raise ValueError(f"task_ids must be in [0, {bank.num_tasks}), got {tids.min()}..{tids.max()}")
+
+
+class BankFns(NamedTuple):
+    """The bank's functions, jitted once by whoever owns the device (the trainer) and handed to
+    the host-side manager, which never jits anything itself."""
+    apply_changes: Callable
+    search: Callable
+    mark_retrieved: Callable
+    mark_trained: Callable
+
+
+def jit_bank_fns(cfg: SearchConfig, mesh: Mesh | None = None, donate: bool = True) -> BankFns:
+    """Jitted bank functions; with `donate` the bank's buffers are reused in place, so a caller
+    must not touch a bank after passing it in."""
+    d = (0,) if donate else ()
+    return BankFns(
+        apply_changes=jax.jit(apply_changes, donate_argnums=d),
+        search=jax.jit(functools.partial(search, cfg=cfg, mesh=mesh)),
+        mark_retrieved=jax.jit(mark_retrieved, donate_argnums=d),
+        mark_trained=jax.jit(mark_trained, donate_argnums=d))

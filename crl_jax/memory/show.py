@@ -1,0 +1,86 @@
+"""`python -m crl_jax.memory.show PATH`: print an experience bank readably, per task, with counts.
+
+PATH is a JSON file written from `MemoryManager.snapshot_json()` or `MemoryManager.state()[1]`,
+or a checkpoint folder, searched for such a JSON file (the newest one is used).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import textwrap
+
+
+def _find_json(folder: str) -> str:
+    found = []
+    for root, _, files in os.walk(folder):
+        for name in files:
+            if name.endswith(".json"):
+                path = os.path.join(root, name)
+                try:
+                    with open(path) as f:
+                        head = json.load(f)
+                except (OSError, ValueError):
+                    continue
+                if isinstance(head, dict) and ("entries" in head or "text_store" in head):
+                    found.append(path)
+    if not found:
+        raise FileNotFoundError(f"no experience-bank JSON (with 'entries' or 'text_store') under {folder}")
+    return max(found, key=os.path.getmtime)
+
+
+def load(path: str) -> dict:
+    if os.path.isdir(path):
+        path = _find_json(path)
+    with open(path) as f:
+        data = json.load(f)
+    if "entries" not in data:
+        if "text_store" not in data:
+            raise ValueError(f"{path} holds neither 'entries' nor 'text_store'")
+        data = {"tasks": data.get("tasks", []), "entries": data["text_store"],
+                "reasons": data.get("reasons", {})}
+    return data
+
+
+def render(data: dict, width: int = 100, max_chars: int = 600) -> str:
+    entries = data["entries"]
+    tasks = list(data.get("tasks") or []) + sorted({e["task"] for e in entries} - set(data.get("tasks") or []))
+    out = []
+    for task in tasks:
+        mine = sorted((e for e in entries if e["task"] == task), key=lambda e: e["entry_id"])
+        shown = sum(e.get("retrieval_count", 0) for e in mine)
+        out.append(f"== task {task}: {len(mine)} entries, {shown} retrievals ==")
+        for e in mine:
+            counts = (f"retrieved {e['retrieval_count']}x, trained {e.get('train_count', 0)}x"
+                      if "retrieval_count" in e else "no counters")
+            out.append(f"[{e['entry_id']}] step {e['created_step']}, {counts}: {e['title']}")
+            body = e["content"] if len(e["content"]) <= max_chars else e["content"][:max_chars] + " ..."
+            out.append(textwrap.indent(textwrap.fill(body, width - 4), "    "))
+            out.append(textwrap.indent(textwrap.shorten("key: " + e["query"], width - 4), "    "))
+    reasons = data.get("reasons") or {}
+    if reasons:
+        out.append("== extractor outputs by outcome ==")
+        out += [f"{k}: {v}" for k, v in sorted(reasons.items(), key=lambda kv: -kv[1])]
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("path", help="bank JSON file or checkpoint folder")
+    parser.add_argument("--task", help="show only this task")
+    args = parser.parse_args(argv)
+    try:
+        data = load(args.path)
+    except (OSError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    if args.task:
+        data = dict(data, tasks=[args.task], entries=[e for e in data["entries"] if e["task"] == args.task])
+    print(render(data))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
