@@ -19,7 +19,7 @@ from crl_jax.envs.base import TextEnv, parse_answer_tag
 from crl_jax.envs.shop_catalog import (Goal, Product, build_catalog, make_goal, score_purchase,
                                        search_index)
 
-_ACTION = re.compile(r"^(search|click|choose)\s*\[\s*(.+?)\s*\]$", re.DOTALL)
+ACTION_PATTERN = re.compile(r"^(search|click|choose)\s*\[\s*(.+?)\s*\]$", re.DOTALL)
 BACK, NEXT, PREV, BUY = "back to search", "next >", "< prev", "buy now"
 
 SYSTEM_PROMPT = """You are shopping on a web store for the customer instruction shown on every page.
@@ -45,7 +45,7 @@ class ShopEnv(TextEnv):
                               "[brackets] on this page.")
 
     def __init__(self, catalog_seed: int = 0, catalog_size: int = 1000, max_turns: int = 15,
-                 results_per_page: int = 10, max_results: int = 50):
+                 results_per_page: int = 10, max_results: int = 50, list_actions: bool = True):
         super().__init__()
         if catalog_size < 1 or max_turns < 1 or results_per_page < 1 or max_results < 1:
             raise ValueError("shop: catalog_size, max_turns, results_per_page and max_results must "
@@ -56,6 +56,8 @@ class ShopEnv(TextEnv):
         self.max_turns = max_turns
         self.results_per_page = results_per_page
         self.max_results = max_results
+        # As in WebShop agent setups, each page ends with the actions available on it.
+        self.list_actions = list_actions
         self.goal_spec: Goal | None = None
 
     # ---- episode state -------------------------------------------------------------------------
@@ -96,7 +98,7 @@ class ShopEnv(TextEnv):
         return [f"click[{label}]" for label in self.clickables()]
 
     def canonical(self, action: str) -> str | None:
-        match = _ACTION.match(" ".join(action.split()))
+        match = ACTION_PATTERN.match(" ".join(action.split()))
         if match is None:
             return None
         verb, arg = match.group(1).lower(), match.group(2)
@@ -114,6 +116,13 @@ class ShopEnv(TextEnv):
 
     # ---- pages ---------------------------------------------------------------------------------
     def _render(self) -> str:
+        page = self._render_page()
+        if not self.list_actions:
+            return page
+        actions = (["search[<keywords>]"] if self.has_search_bar else []) + self.valid_actions()
+        return page + "\nAvailable actions: " + ", ".join(actions)
+
+    def _render_page(self) -> str:
         head = f"Instruction: {self.goal_spec.instruction}\n"
         if self.page == "search":
             return head + "[Search]"
