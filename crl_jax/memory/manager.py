@@ -153,6 +153,16 @@ class MemoryManager:
         keys = np.repeat(self._keys([query]), len(new), axis=0)
         return reason, self._commit(task, targets, new, keys, step)
 
+    def delete_entries(self, entry_ids: Sequence[int], step: int) -> int:
+        """Remove entries by id (unknown ids are an error, so nothing is half-done)."""
+        ids = list(dict.fromkeys(int(i) for i in entry_ids))
+        missing = [i for i in ids if i not in self.store]
+        if missing:
+            raise KeyError(f"cannot delete entry ids {missing}: not in the bank")
+        if ids:
+            self._commit(self.store[ids[0]].task, ids, [], np.zeros((0, self.cfg.dim), np.float32), step)
+        return len(ids)
+
     def add_entry(self, task: str, title: str, content: str, query: str, step: int,
                   generation: Generation | None = None) -> int:
         """Write one entry directly (seeding a bank, tests)."""
