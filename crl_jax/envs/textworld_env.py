@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 import tempfile
+import warnings
 from typing import Any
 
 from crl_jax.envs.base import TextEnv, parse_answer_tag
@@ -131,8 +132,12 @@ class TextWorldEnv(TextEnv):
     def _reset(self, seed: int):
         path = self.ensure_game(seed)
         self.close()
-        self._game = textworld.start(path, request_infos=self.infos)
-        self.game_state = self._game.reset()
+        with warnings.catch_warnings():
+            # The interpreter warns that its own score tracking is off for generated games; won/lost
+            # come from TextWorld's quest tracking instead, so the warning is noise.
+            warnings.filterwarnings("ignore", message=".*is not fully supported.*")
+            self._game = textworld.start(path, request_infos=self.infos)
+            self.game_state = self._game.reset()
         goal = clean_output(self.game_state.objective or "")
         observation = clean_output(self.game_state.feedback)
         return self._with_actions(observation), goal, {"max_score": self.game_state.max_score}

@@ -55,7 +55,8 @@ def parse_webshop_action(text: str, available: dict[str, Any]) -> str | None:
         ok = available.get("has_search_bar") and arg and arg != "<keywords>"
         return f"search[{arg}]" if ok else None
     label = arg.lower()
-    clickables = [c for c in available.get("clickables", []) if c != "search"]
+    # WebShop lower-cases the clicked text before its own lookup, so matching is case-insensitive.
+    clickables = {c.lower() for c in available.get("clickables", []) if c != "search"}
     return f"click[{label}]" if label in clickables else None
 
 
