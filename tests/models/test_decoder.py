@@ -1,0 +1,163 @@
+"""Decoder parity with transformers (PyTorch, float32) on tiny random checkpoints made here."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+from crl_jax import models  # noqa: E402
+
+LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                  "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+
+ARCHITECTURES = {
+    "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM,
+              dict(tie_word_embeddings=False, rope_scaling=LLAMA3_SCALING)),
+    "llama_bias": (transformers.LlamaConfig, transformers.LlamaForCausalLM,
+                   dict(tie_word_embeddings=True, attention_bias=True, rope_theta=500.0)),
+    "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM,
+              dict(tie_word_embeddings=True)),
+    "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM,
+              dict(tie_word_embeddings=False)),
+}
+
+
+def make_checkpoint(arch: str, path, seed: int = 0):
+    config_cls, model_cls, extra = ARCHITECTURES[arch]
+    torch.manual_seed(seed)
+    config = config_cls(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                        max_position_embeddings=256, **extra)
+    model = model_cls(config).eval()
+    # Random init leaves norms at 1 and biases at 0; perturb them so parity covers them too.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                p.add_(0.1 * torch.randn_like(p))
+    model.save_pretrained(path)
+    return model
+
+
+def padded_batch(padding: str, rng, vocab=101, lengths=(13, 9, 4, 1)):
+    time = max(lengths)
+    tokens = rng.integers(0, vocab, (len(lengths), time))
+    mask = np.zeros(tokens.shape, bool)
+    for row, length in enumerate(lengths):
+        if padding == "left":
+            mask[row, time - length:] = True
+        else:
+            mask[row, :length] = True
+    positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
+    return tokens, mask, positions
+
+
+def torch_logits(model, tokens, mask, positions):
+    with torch.no_grad():
+        return model(input_ids=torch.tensor(tokens), attention_mask=torch.tensor(mask.astype(np.int64)),
+                     position_ids=torch.tensor(positions)).logits.numpy()
+
+
+@pytest.fixture(scope="module", params=sorted(ARCHITECTURES))
+def checkpoint(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp(request.param)
+    return request.param, path, make_checkpoint(request.param, path)
+
+
+@pytest.mark.parametrize("padding", ["left", "right"])
+def test_logits_match_transformers(checkpoint, padding):
+    arch, path, reference = checkpoint
+    model = models.from_pretrained(path)
+    if arch == "llama":
+        assert model.config.rope_scaling is not None and model.config.rope_scaling.rope_type == "llama3"
+    tokens, mask, positions = padded_batch(padding, np.random.default_rng(1))
+    ours = np.asarray(model(jnp.asarray(tokens), positions=jnp.asarray(positions),
+                            attention_mask=jnp.asarray(mask)))
+    expected = torch_logits(reference, tokens, mask, positions)
+    assert ours.shape == expected.shape and ours.dtype == np.float32
+    np.testing.assert_allclose(ours[mask], expected[mask], atol=1e-4, rtol=0)
+    # Default positions are cumsum(mask) - 1, the same as the explicit ones here.
+    defaults = np.asarray(model(jnp.asarray(tokens), attention_mask=jnp.asarray(mask)))
+    np.testing.assert_allclose(defaults[mask], ours[mask], atol=1e-6, rtol=0)
+
+
+def test_save_pretrained_round_trip(checkpoint, tmp_path):
+    arch, path, _ = checkpoint
+    model = models.from_pretrained(path)
+    models.save_pretrained(model, tmp_path)
+    _, model_cls, _ = ARCHITECTURES[arch]
+    reloaded = model_cls.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    tokens, mask, positions = padded_batch("right", np.random.default_rng(2))
+    ours = np.asarray(model(jnp.asarray(tokens), positions=jnp.asarray(positions),
+                            attention_mask=jnp.asarray(mask)))
+    np.testing.assert_allclose(torch_logits(reloaded, tokens, mask, positions)[mask], ours[mask],
+                               atol=1e-4, rtol=0)
+
+
+def test_kv_cache_chunks_equal_full_forward(checkpoint):
+    """Prefill, then appended chunks of different lengths per row, then single-token steps: the
+    logits of every real token equal those of one forward over the concatenated sequence."""
+    _, path, _ = checkpoint
+    model = models.from_pretrained(path)
+    rng = np.random.default_rng(3)
+    chunk_lengths = [(5, 3), (2, 4), (1, 1), (1, 0)]  # per chunk: (row 0, row 1) real lengths
+    cache = models.init_cache(model.config, batch_size=2, max_len=24)
+    pieces = [[], []]
+    outputs = [[], []]
+    for lengths in chunk_lengths:
+        width = max(lengths)
+        tokens = rng.integers(0, 101, (2, width))
+        mask = np.arange(width)[None, :] < np.asarray(lengths)[:, None]  # right padded
+        logits, cache = model(jnp.asarray(tokens), attention_mask=jnp.asarray(mask), cache=cache)
+        for row in range(2):
+            pieces[row].extend(tokens[row, :lengths[row]])
+            outputs[row].extend(np.asarray(logits)[row, :lengths[row]])
+    np.testing.assert_array_equal(np.asarray(cache.end), [len(p) for p in pieces])
+    for row in range(2):
+        full = np.asarray(model(jnp.asarray([pieces[row]])))[0]
+        np.testing.assert_allclose(np.stack(outputs[row]), full, atol=1e-4, rtol=0)
+
+
+@pytest.fixture(scope="module")
+def qwen3_checkpoint(tmp_path_factory):
+    path = tmp_path_factory.mktemp("qwen3_single")
+    make_checkpoint("qwen3", path)
+    return path
+
+
+def test_bad_inputs_raise_clear_errors(qwen3_checkpoint):
+    path = qwen3_checkpoint
+    model = models.from_pretrained(path)
+    with pytest.raises(ValueError, match="tokens must be"):
+        model(jnp.zeros((3,), jnp.int32))
+    with pytest.raises(ValueError, match="attention_mask shape"):
+        model(jnp.zeros((2, 3), jnp.int32), attention_mask=jnp.ones((2, 4), bool))
+
+
+def test_bfloat16_policy_is_close_to_float32(qwen3_checkpoint):
+    path = qwen3_checkpoint
+    full = models.from_pretrained(path)
+    half = models.from_pretrained(path, param_dtype="bfloat16", dtype="bfloat16")
+    assert half.layers.wq.value.dtype == jnp.bfloat16
+    tokens, mask, positions = padded_batch("right", np.random.default_rng(4))
+    a = np.asarray(full(jnp.asarray(tokens), attention_mask=jnp.asarray(mask)))
+    b = np.asarray(half(jnp.asarray(tokens), attention_mask=jnp.asarray(mask)))
+    assert b.dtype == np.float32
+    assert np.abs(a - b)[mask].max() < 0.05 * np.abs(a).max()
+
+
+def test_remat_policies_give_identical_gradients(qwen3_checkpoint):
+    path = qwen3_checkpoint
+    from flax import nnx
+
+    tokens = jnp.asarray(np.random.default_rng(5).integers(0, 101, (2, 7)))
+    grads = []
+    for policy in ("none", "full", "dots"):
+        graphdef, params = nnx.split(models.from_pretrained(path, remat=policy))
+        loss = lambda p: models.apply(graphdef, p, tokens).mean()  # noqa: E731
+        grads.append(jax.grad(loss)(params))
+    for other in grads[1:]:
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), grads[0], other)
