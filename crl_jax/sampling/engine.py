@@ -178,5 +178,11 @@ def generate(graphdef: nnx.GraphDef, params: nnx.State, state: SamplerState, tok
 def jitted_generate(graphdef: nnx.GraphDef, spec: SamplerSpec, mesh: Mesh | None = None):
     """`generate` compiled for one model structure and spec; the state argument is donated.
     (Cached so every caller with the same graphdef/spec/mesh shares one compile cache.)"""
+    # The overflow policy is applied on the host; it must not cause a second compile.
+    return _jitted(graphdef, spec.replace(overflow="error"), mesh)
+
+
+@functools.lru_cache(maxsize=None)
+def _jitted(graphdef, spec, mesh):
     fn = functools.partial(generate, graphdef, spec=spec, mesh=mesh)
     return jax.jit(fn, donate_argnums=(1,))

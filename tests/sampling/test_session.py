@@ -1,0 +1,96 @@
+"""Stops, sampling and overflow policies on a real (tiny random) model, through the host API."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from flax import nnx  # noqa: E402
+
+from crl_jax import sampling  # noqa: E402
+from crl_jax.sampling import stops  # noqa: E402
+from tests.sampling.conftest import random_prompts  # noqa: E402
+from tests.sampling.test_generate_hf import hf_logprobs  # noqa: E402
+from tests.sampling.test_methods import allowed_set  # noqa: E402
+
+
+def make_sampler(model, **spec):
+    graphdef, params = nnx.split(model)
+    return sampling.Sampler(graphdef, model.config, sampling.SamplerSpec(**spec)), params
+
+
+def test_eos_and_stop_sequences_stop_exactly(make_pair):
+    _, model = make_pair("qwen2")
+    prompts = random_prompts(np.random.default_rng(4), (5, 8, 3, 6))
+    base, params = make_sampler(model, max_new_tokens=12, cache_length=48)
+    full = [list(t) for t in base.generate(params, prompts).tokens]
+    # Stops chosen from the unconstrained outputs so that they are actually hit mid-generation.
+    spec = base.spec.replace(stop_sequences=(tuple(full[0][3:5]),), eos_ids=(full[1][6],))
+    sampler = sampling.Sampler(base.graphdef, model.config, spec)
+    conv = sampler.new_conversations(4)
+    result = conv.step(params, prompts)
+    for b in range(4):
+        cut = stops.match_stop_sequences_np(full[b], spec)
+        want = full[b][:cut] if cut else full[b]
+        assert list(result.tokens[b]) == want, b
+        reason = ("max_new_tokens" if cut is None else
+                  "eos" if want[-1] in spec.eos_ids else "stop_sequence")
+        assert result.finish_reasons[b] == reason
+        # A finished row stopped advancing its cache: prompt + all generated but the last token.
+        assert conv.cached_length(b) == len(prompts[b]) + len(want) - 1
+    assert len(result.tokens[0]) <= 5 and len(result.tokens[1]) <= 7
+
+
+def test_top_k_top_p_sampling_on_the_model_is_reproducible_and_allowed(make_pair):
+    torch_model, model = make_pair("llama")
+    prompts = random_prompts(np.random.default_rng(5), (4, 7, 2))
+    sampler, params = make_sampler(model, method="sample", temperature=0.99, top_k=5, top_p=0.9,
+                                   max_new_tokens=8, cache_length=32)
+    first = sampler.generate(params, prompts, seed=11)
+    again = sampler.generate(params, prompts, seed=11)
+    other = sampler.generate(params, prompts, seed=12)
+    assert all(np.array_equal(a, b) for a, b in zip(first.tokens, again.tokens))
+    assert not all(np.array_equal(a, b) for a, b in zip(first.tokens, other.tokens))
+    for result in (first, other):
+        for b, p in enumerate(prompts):
+            sequence = p + list(result.tokens[b])
+            logprobs = hf_logprobs(torch_model, sequence)
+            for i, token in enumerate(result.tokens[b]):
+                position = len(p) + i - 1
+                assert int(token) in allowed_set(logprobs[position], 0.99, 5, 0.9), (b, i)
+                np.testing.assert_allclose(result.logprobs[b][i], logprobs[position, token], atol=1e-4)
+
+
+def _run_turns(sampler, params, turns):
+    """Prompt lengths (6, 4); each turn appends 4 tokens to row 0 and 1 token to row 1."""
+    rng = np.random.default_rng(6)
+    conv = sampler.new_conversations(2)
+    conv.step(params, random_prompts(rng, (6, 4)))
+    for _ in range(turns):
+        result = conv.step(params, random_prompts(rng, (4, 1)))
+    return conv, result
+
+
+def test_overflow_error_names_the_row_and_lengths(make_pair):
+    _, model = make_pair("qwen2")
+    sampler, params = make_sampler(model, max_new_tokens=6, cache_length=40, overflow="error")
+    _run_turns(sampler, params, 2)  # 32 tokens of row 0 fit
+    with pytest.raises(ValueError, match=r"row 0: 31 tokens cached \+ 5 to append .* = 41 slots > "
+                                         r"cache_length 40"):
+        _run_turns(sampler, params, 3)
+
+
+def test_overflow_drop_oldest_keeps_the_prompt_and_reprefills(make_pair):
+    _, model = make_pair("qwen2")
+    sampler, params = make_sampler(model, max_new_tokens=6, cache_length=40, overflow="drop_oldest")
+    conv, result = _run_turns(sampler, params, 3)
+    assert result.reprefilled_rows == [0]
+    assert conv.dropped_tokens == [10, 0]  # the first response (6) and the env reply after it (4)
+    # The re-prefilled row continues exactly like a fresh run over the kept history.
+    for b in range(2):
+        history = conv.history(b)
+        response = list(result.tokens[b])
+        assert history[-len(response):] == response
+        fresh = sampler.generate(params, [history[:-len(response)]])
+        assert list(fresh.tokens[0]) == response
+    assert conv.cached_length(0) == len(conv.history(0)) - 1 <= 40
