@@ -1,0 +1,94 @@
+"""The experience side of a rollout step: retrieval, search-and-ask refinement, distillation, merge.
+
+Glue between the host-side `MemoryManager` (bank + text store) and the extractor's sampler
+(`ExtractorClient`). Extractor params are passed into every call, so a caller can run distillation
+with the current weights on a background thread while the actor trains.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Sequence
+
+import jax
+
+from crl_jax.memory import prompts
+from crl_jax.memory.manager import MemoryManager
+from crl_jax.memory.text_store import Entry, Generation
+from crl_jax.rollout.extractor import ExtractorClient
+from crl_jax.rollout.trajectory import Trajectory
+
+
+class ExperienceService:
+    def __init__(self, manager: MemoryManager, extractor: ExtractorClient, seed: int):
+        self.manager, self.extractor, self.seed = manager, extractor, seed
+        self.stats: collections.Counter[str] = collections.Counter()
+
+    def _rng(self, step: int, salt: int):
+        return jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(self.seed), step), salt)
+
+    def _gen_seed(self, step: int, salt: int) -> int:
+        return (self.seed * 1_000_003 + step * 101 + salt) % (2 ** 31)
+
+    def retrieve(self, queries: Sequence[str], tasks: Sequence[str], step: int) -> list[Entry | None]:
+        """The top entry for each query (None where its task partition is empty); counted as shown."""
+        if not queries:
+            return []
+        found = self.manager.retrieve(list(queries), list(tasks), step, self._rng(step, 0))
+        entries = [row[0] if row else None for row in found]
+        self.manager.mark_shown([e.entry_id for e in entries if e is not None], step)
+        self.stats["retrievals"] += len(queries)
+        self.stats["retrieval_hits"] += sum(e is not None for e in entries)
+        return entries
+
+    def refiner(self, params, step: int):
+        """A search-and-ask handler for one rollout: each call answers one batch of tool calls."""
+        calls = [0]
+
+        def refine(queries: list[tuple[str, str]]) -> list[tuple[str | None, Generation | None]]:
+            calls[0] += 1
+            tasks = [t for t, _ in queries]
+            questions = [q for _, q in queries]
+            found = self.manager.retrieve(questions, tasks, step, self._rng(step, 1000 + calls[0]))
+            answers: list[tuple[str | None, Generation | None]] = [(None, None)] * len(queries)
+            asks = [(i, row[0]) for i, row in enumerate(found) if row]
+            self.manager.mark_shown([entry.entry_id for _, entry in asks], step)
+            replies = self.extractor.generate(
+                params, [prompts.refine_messages(questions[i], entry.render()) for i, entry in asks],
+                seed=self._gen_seed(step, 1000 + calls[0]), kind="refine")
+            for (i, _), (text, gen) in zip(asks, replies):
+                answers[i] = (text.strip() or None, gen)
+            self.stats["refinements"] += len(asks)
+            return answers
+
+        return refine
+
+    def distill(self, params, trajectories: Sequence[Trajectory], entries: Sequence[Entry | None],
+                step: int) -> dict[str, int]:
+        """Send every finished guided episode to the extractor and apply its operations."""
+        if not trajectories:
+            return {}
+        conversations = [prompts.distill_messages(t.success, t.messages, [e.render()] if e else [])
+                         for t, e in zip(trajectories, entries)]
+        replies = self.extractor.generate(params, conversations, seed=self._gen_seed(step, 1),
+                                          kind="distill")
+        reasons: collections.Counter[str] = collections.Counter()
+        for traj, entry, (text, gen) in zip(trajectories, entries, replies):
+            reason, written = self.manager.distill(traj.spec.task, traj.query, text,
+                                                   [entry.entry_id] if entry else [], step, gen)
+            reasons[reason] += 1
+            reasons["entries_written"] += len(written)
+        self.stats.update(reasons)
+        return dict(reasons)
+
+    def merge(self, params, step: int) -> dict[str, tuple[int, int]]:
+        calls = [0]
+
+        def generate(messages):
+            calls[0] += 1
+            (text, gen), = self.extractor.generate(params, [messages],
+                                                   seed=self._gen_seed(step, 5000 + calls[0]),
+                                                   kind="merge")
+            return text, gen
+
+        return self.manager.maybe_merge(step, generate)

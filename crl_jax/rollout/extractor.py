@@ -1,0 +1,55 @@
+"""The extractor as a text-in, generation-out service for the host loop.
+
+Distillation, merge and search-and-ask refinement all reduce to "generate a reply to each of these
+chat conversations". Every reply comes back with its `Generation` (exact prompt and response ids
+and the sampler's log-probs), which is what later becomes the extractor's training sample.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from crl_jax.memory.text_store import Generation
+from crl_jax.sampling import Sampler
+from crl_jax.tokenizer import Tokenizer
+
+
+def _bucket(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+class ExtractorClient:
+    """Batched generation with the extractor's sampler; `params` are passed per call."""
+
+    def __init__(self, sampler: Sampler, tokenizer: Tokenizer):
+        self.sampler = sampler
+        self.tokenizer = tokenizer
+        self.calls = 0
+        self.generated_tokens = 0
+
+    def _prompt(self, messages: Sequence[dict]) -> list[int]:
+        ids = self.tokenizer.encode_chat(messages, add_generation_prompt=True).ids.tolist()
+        room = self.sampler.spec.cache_length - self.sampler.spec.max_new_tokens
+        if len(ids) > room:
+            # Long transcripts lose their middle: the instructions at the start and the most
+            # recent turns plus the generation prompt at the end matter most.
+            head = room // 3
+            ids = ids[:head] + ids[len(ids) - (room - head):]
+        return ids
+
+    def generate(self, params, conversations: Sequence[Sequence[dict]], seed: int,
+                 kind: str) -> list[tuple[str, Generation]]:
+        if not conversations:
+            return []
+        prompts = [self._prompt(m) for m in conversations]
+        # Pad the batch to a power of two so the compiled sampler is reused across calls.
+        padded = prompts + [prompts[0]] * (_bucket(len(prompts)) - len(prompts))
+        result = self.sampler.generate(params, padded, seed=seed)
+        self.calls += 1
+        out = []
+        for b, prompt in enumerate(prompts):
+            response = [int(t) for t in result.tokens[b]]
+            self.generated_tokens += len(response)
+            text = self.tokenizer.decode(response, skip_special_tokens=True)
+            out.append((text, Generation(prompt, response, result.logprobs[b].tolist(), kind)))
+        return out

@@ -1,0 +1,98 @@
+"""Single-task Complementary RL: the embedded CPU default (MiniHack Room-Ultimate-5x5, tiny models).
+
+    python experiments/run.py --config=single_task.py
+    python experiments/run.py --config=single_task.py:baseline      # GRPO without experience
+    python experiments/run.py --config=single_task.py:static        # static online experience
+    python experiments/run.py --config=single_task.py:exp_only      # experience only (actor frozen)
+    python experiments/run.py --config=single_task.py:no_merge
+    python experiments/run.py --config=single_task.py:no_search     # no search_and_ask
+    python experiments/run.py --config=single_task.py:no_split      # one advantage group per task
+    python experiments/run.py --config=single_task.py:cross_group   # normalise across the batch
+    python experiments/run.py --config=single_task.py:paper         # paper-scale models (TPU/GPU)
+    python experiments/run.py --config=single_task.py --config.steps=50 --config.rollout.group_size=4
+
+Variants combine with commas, e.g. `single_task.py:static,no_merge`.
+"""
+
+from ml_collections import config_dict
+
+VARIANTS = ("baseline", "static", "exp_only", "no_merge", "no_search", "no_split", "cross_group",
+            "paper", "smollm2")
+
+
+def base_config() -> config_dict.ConfigDict:
+    c = config_dict.ConfigDict()
+    c.tasks = ("minihack/room-ultimate-5x5",)
+    c.steps = 20
+    c.seed = 0
+    c.tokenizer = "word"
+    c.mesh_shape = (1, -1, 1)
+    c.data_dir = ""
+    c.log_every = 1
+    c.actor = dict(preset="tiny", path="", dtype="float32", param_dtype="float32", remat="none")
+    c.extractor_model = dict(preset="tiny", path="", dtype="float32", param_dtype="float32", remat="none")
+    c.rollout = dict(groups_per_step=4, group_size=8, free_per_group=4, max_turns=0, max_new_tokens=32,
+                     cache_length=1024, temperature=0.99, top_p=0.99, top_k=100, search_and_ask=True,
+                     max_tool_uses=2, step_timeout_s=30.0)
+    c.memory = dict(enabled=True, capacity=20_000, merge_every=5, merge_chunk=5, warmup_steps=2,
+                    embedder="minilm", diversity_lambda=0.4, candidate_multiplier=16, recency_steps=1,
+                    demote_probability=0.5)
+    c.extractor = dict(train=True, batch_size=16, cooldown_steps=1, weight_power=0.5, max_new_tokens=64,
+                       cache_length=2048, temperature=1.0, top_p=0.99)
+    c.rl = dict(train_actor=True, advantage_normalization="mean_std", advantage_split="subgroup",
+                clip_eps=0.2, cispo_eps=0.1, aggregation="seq_mean_token_mean", learning_rate=1e-4,
+                extractor_learning_rate=1e-4, weight_decay=0.0, max_grad_norm=1.0, micro_batches=1,
+                old_logprobs="sampler", max_seq_len=1024)
+    c.eval = dict(every=10, tasks_per_env=16, with_experience=True, without_experience=True)
+    c.checkpoint = dict(every=5, keep=3)
+    return config_dict.ConfigDict(c)
+
+
+def apply_variant(c: config_dict.ConfigDict, variant: str) -> None:
+    if variant == "baseline":
+        c.memory.enabled = False
+        c.rollout.free_per_group = c.rollout.group_size
+        c.rollout.search_and_ask = False
+    elif variant == "static":
+        c.extractor.train = False
+    elif variant == "exp_only":
+        c.rl.train_actor = False
+    elif variant == "no_merge":
+        c.memory.merge_every = 0
+    elif variant == "no_search":
+        c.rollout.search_and_ask = False
+    elif variant == "no_split":
+        c.rl.advantage_split = "group"
+    elif variant == "cross_group":
+        c.rl.advantage_split = "batch"
+    elif variant == "paper":
+        # Paper scale (TPU/GPU): checkpoint folders are config values, e.g.
+        # --config.actor.path=/ckpt/Qwen2.5-7B-Instruct --config.extractor_model.path=/ckpt/Qwen3-4B
+        c.actor.update(preset="qwen2.5-7b", dtype="bfloat16", param_dtype="bfloat16", remat="full")
+        c.extractor_model.update(preset="qwen3-4b", dtype="bfloat16", param_dtype="bfloat16", remat="full")
+        c.tokenizer = "actor"
+        c.steps = 145
+        c.rollout.update(groups_per_step=16, group_size=8, free_per_group=4, max_new_tokens=4096,
+                         cache_length=32768, max_turns=30)
+        c.memory.update(warmup_steps=5, embedder="qwen3-embedding")
+        c.extractor.update(batch_size=64, max_new_tokens=8192, cache_length=65536)
+        c.rl.update(learning_rate=1e-6, extractor_learning_rate=1e-6, max_seq_len=32768,
+                    micro_batches=2, old_logprobs="recompute")
+        c.mesh_shape = (1, -1, 4)
+    elif variant == "smollm2":
+        c.actor.path = "smollm2"
+        c.extractor_model.path = "smollm2"
+        c.tokenizer = "actor"
+        c.steps = 1
+        c.rollout.update(groups_per_step=1, group_size=2, free_per_group=1, max_turns=2, max_new_tokens=16)
+        c.extractor.update(batch_size=2, max_new_tokens=32)
+        c.eval.update(every=0, tasks_per_env=1)
+    else:
+        raise ValueError(f"unknown variant {variant!r}; known: {', '.join(VARIANTS)}")
+
+
+def get_config(arg: str | None = None) -> config_dict.ConfigDict:
+    c = base_config()
+    for variant in filter(None, (arg or "").split(",")):
+        apply_variant(c, variant.strip())
+    return c
