@@ -1,0 +1,183 @@
+"""End-of-run report: reads `<workdir>/metrics.jsonl` and writes `<workdir>/report.md` with PNG plots.
+
+Owns the choice of what a run's summary shows: a table of first vs last values of the key metrics,
+evaluation episode counts, the last evaluation per task, and plots over steps of success rate,
+reward, actions per episode, bank size, extractor reward, tool-call rate and step timings. A plot
+or row appears only when its metrics were logged, so baselines without a bank or extractor still
+get a clean report. Usable after a crash too: `python -m crl_jax.report <workdir>`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from crl_jax import metrics as m
+
+REPORT = "report.md"
+
+# (file, title, y label, keys drawn on it). Eval keys are sparse, so they get markers.
+PLOTS = [
+    ("success.png", "Success rate", "success rate",
+     [m.TRAIN_SUCCESS, m.TRAIN_WITH_EXP_SUCCESS, m.TRAIN_WITHOUT_EXP_SUCCESS,
+      m.EVAL_WITH_EXP_SUCCESS, m.EVAL_WITHOUT_EXP_SUCCESS]),
+    ("reward.png", "Episode reward", "mean reward",
+     [m.TRAIN_REWARD, m.key(m.TRAIN_WITH_EXP, m.REWARD), m.key(m.TRAIN_WITHOUT_EXP, m.REWARD),
+      m.key(m.EVAL_WITH_EXP, m.REWARD), m.key(m.EVAL_WITHOUT_EXP, m.REWARD)]),
+    ("actions.png", "Actions per episode", "actions",
+     [m.TRAIN_ACTIONS, m.EVAL_WITH_EXP_ACTIONS, m.EVAL_WITHOUT_EXP_ACTIONS]),
+    ("bank_size.png", "Experience bank size", "entries", [m.BANK_SIZE]),
+    ("extractor_reward.png", "Extractor reward", "mean reward", [m.EXTRACTOR_REWARD]),
+    ("tool_call_rate.png", "search_and_ask calls per guided episode", "calls", [m.TOOL_CALL_RATE]),
+    ("timing.png", "Step timing", "seconds",
+     [m.TIME_STEP, m.TIME_ACTOR_ROLLOUT, m.TIME_ACTOR_UPDATE, m.TIME_EXTRACTOR]),
+]
+
+SUMMARY_KEYS = [
+    m.TRAIN_SUCCESS, m.TRAIN_WITH_EXP_SUCCESS, m.TRAIN_WITHOUT_EXP_SUCCESS,
+    m.EVAL_WITH_EXP_SUCCESS, m.EVAL_WITHOUT_EXP_SUCCESS, m.TRAIN_REWARD, m.TRAIN_ACTIONS,
+    m.EVAL_WITH_EXP_ACTIONS, m.EVAL_WITHOUT_EXP_ACTIONS, m.TOOL_CALL_RATE, m.BANK_SIZE,
+    m.EXTRACTOR_REWARD, m.TIME_ACTOR_ROLLOUT, m.TIME_STEP,
+]
+
+
+def load_rows(path: str) -> tuple[list[dict], int]:
+    """The JSONL rows that parse, and how many lines did not (a crash can cut the last one)."""
+    rows, bad = [], 0
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                int(row["step"])
+                rows.append(row)
+            except (ValueError, KeyError, TypeError):
+                bad += 1
+    return rows, bad
+
+
+def series(rows: list[dict], name: str) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, values) of one metric, sorted by step; nulls skipped, a repeated step keeps the last."""
+    by_step = {int(r["step"]): float(r[name]) for r in rows if r.get(name) is not None}
+    steps = np.array(sorted(by_step), dtype=np.int64)
+    return steps, np.array([by_step[s] for s in steps], dtype=np.float64)
+
+
+def _fmt(v: float) -> str:
+    return f"{v:.4g}"
+
+
+def _plot(path: str, title: str, ylabel: str, lines: list[tuple[str, np.ndarray, np.ndarray]]):
+    fig = Figure(figsize=(7, 4), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    for label, steps, values in lines:
+        sparse = label.startswith("eval/")
+        style = dict(marker="o", markersize=4) if sparse or len(steps) < 3 else {}
+        if not sparse and len(steps) >= 40:
+            # Per-step training metrics are noisy: show them faint under a moving average.
+            line, = ax.plot(steps, values, alpha=0.3, linewidth=0.8)
+            w = len(steps) // 20
+            smooth = np.convolve(values, np.ones(w) / w, mode="valid")
+            ax.plot(steps[w - 1:], smooth, color=line.get_color(), label=f"{label} (mean of {w})")
+        else:
+            ax.plot(steps, values, label=label, **style)
+    ax.set_title(title)
+    ax.set_xlabel("step")
+    ax.set_ylabel(ylabel)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def _per_task(rows: list[dict]) -> tuple[list[str], dict[str, float]]:
+    """Tasks seen in eval per-task keys, and the last logged value of each such key."""
+    prefixes = [m.key(p, f) + "/" for p in (m.EVAL_WITH_EXP, m.EVAL_WITHOUT_EXP)
+                for f in (m.SUCCESS, m.ACTIONS)]
+    last: dict[str, float] = {}
+    tasks: list[str] = []
+    for row in rows:
+        for name, value in row.items():
+            for prefix in prefixes:
+                if name.startswith(prefix) and value is not None:
+                    last[name] = float(value)
+                    task = name[len(prefix):]
+                    if task not in tasks:
+                        tasks.append(task)
+    return tasks, last
+
+
+def write_report(workdir: str) -> str:
+    """Write report.md and its plots into `workdir`; returns the report's path."""
+    path = os.path.join(workdir, m.MetricsWriter.JSONL)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no metrics log at {path}: nothing to report")
+    rows, bad = load_rows(path)
+    out = ["# Training report", ""]
+    if not rows:
+        out += ["The metrics log holds no complete rows yet.", ""]
+    else:
+        steps = [int(r["step"]) for r in rows]
+        times = [float(r["time"]) for r in rows if r.get("time") is not None]
+        span = f", {(max(times) - min(times)) / 60:.1f} min of wall time" if times else ""
+        out += [f"Steps {min(steps)} to {max(steps)} ({len(rows)} logged rows{span})."]
+        if bad:
+            out += [f"{bad} unreadable line(s) in the log were skipped."]
+        out += ["", "## Summary", "",
+                "| metric | first step | first | last step | last | points |",
+                "|---|---:|---:|---:|---:|---:|"]
+        for name in SUMMARY_KEYS:
+            s, v = series(rows, name)
+            if len(s):
+                out.append(f"| `{name}` | {s[0]} | {_fmt(v[0])} | {s[-1]} | {_fmt(v[-1])} | {len(s)} |")
+        evals = {p: series(rows, m.key(p, m.EPISODES)) for p in (m.EVAL_WITH_EXP, m.EVAL_WITHOUT_EXP)}
+        counted = [f"{p}: {int(v.sum())} over {len(s)} evaluations"
+                   for p, (s, v) in evals.items() if len(s)]
+        if counted:
+            out += ["", "Evaluation episodes: " + ", ".join(counted) + "."]
+        tasks, last = _per_task(rows)
+        if tasks:
+            cols = [m.key(p, f) for f in (m.SUCCESS, m.ACTIONS)
+                    for p in (m.EVAL_WITH_EXP, m.EVAL_WITHOUT_EXP)]
+            out += ["", "## Last evaluation per task", "",
+                    "| task | " + " | ".join(f"`{c}`" for c in cols) + " |",
+                    "|---|" + "---:|" * len(cols)]
+            for task in tasks:
+                cells = [_fmt(last[f"{c}/{task}"]) if f"{c}/{task}" in last else "" for c in cols]
+                out.append(f"| {task} | " + " | ".join(cells) + " |")
+        out += ["", "## Plots", ""]
+        for fname, title, ylabel, names in PLOTS:
+            lines = [(n, *series(rows, n)) for n in names]
+            lines = [line for line in lines if len(line[1])]
+            if lines:
+                _plot(os.path.join(workdir, fname), title, ylabel, lines)
+                out += [f"![{title}]({fname})", ""]
+    report = os.path.join(workdir, REPORT)
+    with open(report, "w", encoding="utf-8") as f:
+        f.write("\n".join(out).rstrip() + "\n")
+    return report
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m crl_jax.report",
+                                     description="Write report.md and plots from a run's metrics.")
+    parser.add_argument("workdir", help="the run's workdir (holds metrics.jsonl)")
+    args = parser.parse_args(argv)
+    try:
+        print(write_report(args.workdir))
+    except (FileNotFoundError, OSError) as e:
+        print(f"crl_jax.report: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
