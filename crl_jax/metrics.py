@@ -58,7 +58,7 @@ BANK_ADDED, BANK_UPDATED, BANK_DELETED = "bank/added", "bank/updated", "bank/del
 BANK_MERGED = "bank/merged"
 # The train-step metrics keep the names `rl.train_step` gives them ("actor/<name>", "extractor/<name>").
 ACTOR_LOSS, ACTOR_GRAD_NORM = "actor/loss", "actor/grad_norm"
-EXTRACTOR_LOSS, EXTRACTOR_REWARD = "extractor/loss", "extractor/reward_mean"
+EXTRACTOR_LOSS, EXTRACTOR_REWARD = "extractor/loss", "extractor/reward"
 EXTRACTOR_BUFFER = "extractor/buffer_size"
 TIME_STEP = "time/step_s"
 TIME_ACTOR_ROLLOUT = "time/actor_rollout_s"
@@ -87,7 +87,8 @@ METRIC_DOCS: dict[str, str] = {
     ACTOR_LOSS: "actor policy loss of the update",
     ACTOR_GRAD_NORM: "global gradient norm of the actor update",
     EXTRACTOR_LOSS: "extractor policy loss (logged on steps that update the extractor)",
-    EXTRACTOR_REWARD: "mean reward of the extractor samples in its update batch",
+    EXTRACTOR_REWARD: "mean reward of the extractor samples in its update batch (the trainer's "
+                      "value; the train step's own is extractor/reward_mean)",
     EXTRACTOR_BUFFER: "extractor samples waiting in the buffer after the step",
     TIME_STEP: "wall seconds of the whole step",
     TIME_ACTOR_ROLLOUT: "wall seconds the actor spent generating rollouts (the critical path)",
@@ -163,11 +164,11 @@ class MetricsWriter:
             os.makedirs(self.tb_dir, exist_ok=True)
 
     def resume_from(self, step: int | None) -> int:
-        """Prepare for a run restored at `step` (None: starting fresh, nothing restored): drop JSONL
-        rows with a later step (and a line torn by a kill), and make TensorBoard hide its events
-        after `step`. Call it once at start-up, before the first `write`, whenever the workdir may
-        hold logs of an earlier process. Returns the number of JSONL lines dropped."""
-        step = -1 if step is None else _check_step(step)
+        """Prepare for a run restored at `step` (None or -1: starting fresh, nothing restored):
+        drop JSONL rows with a later step (and a line torn by a kill), and make TensorBoard hide
+        its events after `step`. Call it once at start-up, before the first `write`, whenever the
+        workdir may hold logs of an earlier process. Returns the number of JSONL lines dropped."""
+        step = -1 if step is None or (isinstance(step, int) and step == -1) else _check_step(step)
         if not self.enabled:
             return 0
         self._close_files()

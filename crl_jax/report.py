@@ -79,16 +79,16 @@ def _plot(path: str, title: str, ylabel: str, lines: list[tuple[str, np.ndarray,
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     for label, steps, values in lines:
-        sparse = label.startswith("eval/")
-        style = dict(marker="o", markersize=4) if sparse or len(steps) < 3 else {}
-        if not sparse and len(steps) >= 40:
-            # Per-step training metrics are noisy: show them faint under a moving average.
+        # Sparse series (evaluations, extractor updates) get markers; dense per-step ones are noisy,
+        # so they are drawn faint under a moving average.
+        sparse = label.startswith("eval/") or len(steps) < 40
+        if not sparse:
             line, = ax.plot(steps, values, alpha=0.3, linewidth=0.8)
             w = len(steps) // 20
             smooth = np.convolve(values, np.ones(w) / w, mode="valid")
             ax.plot(steps[w - 1:], smooth, color=line.get_color(), label=f"{label} (mean of {w})")
         else:
-            ax.plot(steps, values, label=label, **style)
+            ax.plot(steps, values, label=label, marker="o", markersize=4)
     ax.set_title(title)
     ax.set_xlabel("step")
     ax.set_ylabel(ylabel)

@@ -89,6 +89,11 @@ def test_resume_truncates_jsonl_and_hides_stale_tensorboard_events(tmp_path):
     w = m.MetricsWriter(wd, enabled=True)
     assert w.resume_from(None) == 7
     assert _rows(wd) == []
+    w.write(0, {m.TRAIN_REWARD: 1.0})
+    w.close()
+    assert m.MetricsWriter(wd, enabled=True).resume_from(-1) == 1  # -1 also means "fresh"
+    with pytest.raises(ValueError, match="non-negative integer"):
+        m.MetricsWriter(wd, enabled=True).resume_from(-2)
 
 
 def test_disabled_writer_writes_nothing(tmp_path):
