@@ -1,0 +1,212 @@
+"""MiniHack behind the text protocol: the paper's four tasks (Room, MazeWalk, KeyRoom, River).
+
+Owns: building the NetHack Learning Environment for a task, seeding it so that a seed fixes the level
+and the whole game (core, display and level-generator RNGs, moon phase), rendering the 9x9 crop
+around the agent as text with a legend and the game message, and mapping action words
+("north", "pick up", "apply", ...) to NLE actions.
+
+It also offers `privileged_map()` for scripted experts: the same level generated in a second,
+hidden NLE instance whose level description is lit and premapped, so the whole initial map (walls,
+stairs, traps, keys, boulders) is visible there. The agent never sees it.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any
+
+import numpy as np
+
+from crl_jax.envs.base import TextEnv
+
+with warnings.catch_warnings():
+    # minihack imports pkg_resources, which warns about its own deprecation.
+    warnings.simplefilter("ignore")
+    import gymnasium as gym
+    import minihack  # noqa: F401  (registers the MiniHack gym ids)
+    from nle import nethack
+
+# task name -> (gym id, default max_turns, goal text)
+TASKS: dict[str, tuple[str, int, str]] = {
+    "room-ultimate-5x5": (
+        "MiniHack-Room-Ultimate-5x5-v0",
+        40,
+        "Reach the staircase down (>) in a dark 5x5 room. The room also holds a monster and a "
+        "hidden teleport trap.",
+    ),
+    "mazewalk-9x9": (
+        "MiniHack-MazeWalk-9x9-v0",
+        80,
+        "Find the staircase down (>) somewhere in a 9x9 maze and step onto it.",
+    ),
+    "keyroom-dark-s5": (
+        "MiniHack-KeyRoom-Dark-S5-v0",
+        60,
+        "Find the key (() in the dark room and pick it up, stand next to the locked door (+) of the "
+        "small inner room and apply the key, then reach the staircase down (>) inside that room.",
+    ),
+    "river-narrow": (
+        "MiniHack-River-Narrow-v0",
+        100,
+        "Reach the staircase down (>) on the far side of the river (}). You cannot swim: push "
+        "boulders (`) into the water to fill it and make a crossing.",
+    ),
+}
+
+_DIRECTION_WORDS = {
+    nethack.CompassDirection.N: "north",
+    nethack.CompassDirection.E: "east",
+    nethack.CompassDirection.S: "south",
+    nethack.CompassDirection.W: "west",
+    nethack.CompassDirection.NE: "northeast",
+    nethack.CompassDirection.SE: "southeast",
+    nethack.CompassDirection.SW: "southwest",
+    nethack.CompassDirection.NW: "northwest",
+}
+_COMMAND_WORDS = {nethack.Command.PICKUP: "pick up", nethack.Command.APPLY: "apply"}
+# (dx, dy) of each direction word; y grows southwards as on the NetHack screen.
+DIRECTION_DELTAS = {
+    "north": (0, -1), "south": (0, 1), "east": (1, 0), "west": (-1, 0),
+    "northeast": (1, -1), "southeast": (1, 1), "southwest": (-1, 1), "northwest": (-1, -1),
+}
+
+LEGEND = (
+    "Legend: @ you; . floor; > staircase down (the goal); | and - walls; + closed door; "
+    "| or - in a wall gap may be an open door; ( an item such as a key; ` boulder; } water; "
+    "^ a trap you have found; letters (a-z, A-Z) are monsters; a blank is rock or unseen."
+)
+_OBS_KEYS = ("glyphs", "chars", "chars_crop", "message", "blstats", "inv_strs")
+
+
+def _decode(row: np.ndarray) -> str:
+    return bytes(row).decode("latin-1").rstrip("\x00")
+
+
+class MiniHackEnv(TextEnv):
+    """One MiniHack task as a text environment; `task` is a key of `TASKS`."""
+
+    def __init__(self, task: str = "room-ultimate-5x5", max_turns: int | None = None):
+        super().__init__()
+        if task not in TASKS:
+            raise ValueError(f"unknown MiniHack task {task!r}; known: {', '.join(sorted(TASKS))}")
+        self.task = task
+        self.gym_id, default_turns, self.goal_text = TASKS[task]
+        self.name = f"minihack/{task}"
+        self.max_turns = int(max_turns or default_turns)
+        # MiniHack's own step limits (100-350) lie above every default max_turns here.
+        self._nle = self._make_nle()
+        self._actions = {}
+        for index, action in enumerate(self._nle.actions):
+            word = _DIRECTION_WORDS.get(action) or _COMMAND_WORDS.get(action)
+            if word is None:
+                raise RuntimeError(f"{self.gym_id}: unexpected action {action!r} in its action set")
+            self._actions[word] = index
+        self._shadow = None
+        self._seed = None
+        self.last_obs: dict[str, np.ndarray] | None = None
+        self.system_prompt = self._system_prompt()
+
+    def _make_nle(self):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            env = gym.make(
+                self.gym_id,
+                observation_keys=_OBS_KEYS,
+                fix_moon_phase=True,
+            )
+        return env.unwrapped
+
+    def _system_prompt(self) -> str:
+        actions = ", ".join(self._actions)
+        return (
+            "You play a small NetHack (MiniHack) task. Each turn you see the game message and the "
+            "9x9 map around you (you are at the centre, @). Moving into a monster attacks it. "
+            "Diagonal moves are allowed except through doorways. Boulders move when you walk into "
+            "them if the square behind is free.\n"
+            f"Task: {self.goal_text}\n"
+            f"Actions: {actions}.\n"
+            f"{LEGEND}\n"
+            "Think briefly, then give exactly one action as <answer>action</answer>, e.g. "
+            "<answer>north</answer>."
+        )
+
+    def valid_actions(self) -> list[str]:
+        return list(self._actions)
+
+    # ---- rendering -------------------------------------------------------------------------------
+    def render_observation(self, obs: dict[str, np.ndarray]) -> str:
+        message = _decode(obs["message"]).strip() or "(no message)"
+        crop = "\n".join(_decode(row) for row in obs["chars_crop"])
+        return f"Message: {message}\nMap around you:\n{crop}"
+
+    @property
+    def player_xy(self) -> tuple[int, int]:
+        """The agent's (x, y) on the full 21x79 map."""
+        blstats = self.last_obs["blstats"]
+        return int(blstats[0]), int(blstats[1])
+
+    def full_chars(self) -> np.ndarray:
+        """What the agent's NetHack screen currently shows, as a 21x79 array of characters."""
+        return np.vectorize(chr)(self.last_obs["chars"])
+
+    def has_key(self) -> bool:
+        return any("key" in _decode(s).lower() for s in self.last_obs["inv_strs"])
+
+    # ---- the protocol ----------------------------------------------------------------------------
+    def _seed_and_reset(self, env, seed: int) -> dict[str, np.ndarray]:
+        # reseed=False: NetHack otherwise reseeds from true randomness mid-game; lgen fixes the level.
+        env.seed(core=seed, disp=seed, reseed=False, lgen=seed)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            obs, _ = env.reset()
+        return obs
+
+    def _reset(self, seed: int):
+        self._seed = seed
+        self.last_obs = self._seed_and_reset(self._nle, seed)
+        return self.render_observation(self.last_obs), self.goal_text, {"task": self.task}
+
+    def _step(self, action: str):
+        obs, reward, terminated, truncated, info = self._nle.step(self._actions[action])
+        self.last_obs = obs
+        status = info.get("end_status")
+        success = bool(status == self._nle.StepStatus.TASK_SUCCESSFUL)
+        done = bool(terminated or truncated)
+        text = self.render_observation(obs)
+        if done and not success:
+            text += "\nThe episode is over: you died or the game ended."
+        elif success:
+            text += "\nYou reached the staircase. Task complete."
+        return text, (1.0 if success else 0.0), success, done, {"end_status": str(status)}
+
+    # ---- privileged view for scripted experts ----------------------------------------------------
+    def privileged_map(self) -> np.ndarray:
+        """The full initial map of the current episode's level (21x79 characters).
+
+        Built in a hidden NLE instance from this level's description with every region lit and
+        the level premapped, reset with the same seeds, so the level generator lays out the same
+        level. Monsters move, so only the static layout (and initial item places) is meaningful.
+        """
+        if self._seed is None:
+            raise RuntimeError(f"{self.name}: privileged_map() needs reset() first")
+        if self._shadow is None:
+            self._shadow = self._make_nle()
+            with open(os.path.join(self._nle.nethack._vardir, "mylevel.des")) as f:
+                des = f.read()
+            des = des.replace("unlit", "lit")
+            if "FLAGS:" in des:
+                des = des.replace("FLAGS:", "FLAGS:premapped,", 1)
+            else:
+                des = des.replace('LEVEL: "mylevel"\n', 'LEVEL: "mylevel"\nFLAGS:premapped\n', 1)
+            self._shadow.update(des)
+        obs = self._seed_and_reset(self._shadow, self._seed)
+        if tuple(obs["blstats"][:2]) != tuple(self.last_obs["blstats"][:2]) and self._turn == 0:
+            raise RuntimeError(f"{self.name}: hidden map disagrees with the game for seed {self._seed}")
+        return np.vectorize(chr)(obs["chars"])
+
+    def close(self) -> None:
+        for env in (self._nle, self._shadow):
+            if env is not None:
+                env.close()
+        self._shadow = None
