@@ -65,7 +65,11 @@ class SearchResult:
 
 def _local_candidates(keys, valid, entry_id, count, last, slot_index, queries, task_ids, c):
     """Top-`c` candidates of each query among this shard's slots of its own partition."""
-    sims = jnp.einsum("be,pme->bpm", queries, keys, preferred_element_type=jnp.float32)
+    p, m, e = keys.shape
+    # One plain [B, E] x [P*m, E]^T product: XLA:CPU runs this form several times faster than the
+    # equivalent three-operand einsum, which it lowers through a transposed copy of the keys.
+    sims = jax.lax.dot_general(queries, keys.reshape(p * m, e), (((1,), (1,)), ((), ())),
+                               preferred_element_type=jnp.float32).reshape(-1, p, m)
     if keys.shape[0] > 1:
         sims = jnp.take_along_axis(sims, task_ids[:, None, None], axis=1)
     sims = sims[:, 0]                                                        # [B, m]
