@@ -1,1 +1,13 @@
-"""crl_jax.data."""
+"""crl_jax.data: task splits as TFDS datasets (array_record, read with `as_data_source`)."""
+
+from crl_jax.data.task_splits import (
+    TEST_SEED_BASE,
+    TRAIN_SEED_BASE,
+    TaskSplits,
+    build_task_splits,
+    load_task_splits,
+    task_seeds,
+)
+
+__all__ = ["TEST_SEED_BASE", "TRAIN_SEED_BASE", "TaskSplits", "build_task_splits",
+           "load_task_splits", "task_seeds"]

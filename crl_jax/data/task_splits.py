@@ -1,0 +1,144 @@
+"""Task splits as TFDS datasets: deterministic train/test task specs for any registered environment.
+
+Owns the `TaskSplits` builder and `build_task_splits` / `load_task_splits`. A task spec is
+(env name, seed, goal text); train and test seeds come from disjoint ranges (train from
+TRAIN_SEED_BASE, test from TEST_SEED_BASE), so a test task is never trained on. Splits are written
+as array_record and read back with `as_data_source` (random access, no TensorFlow needed).
+A mixture of env names is one dataset whose examples interleave the envs round-robin.
+
+The goal text comes from resetting the env with the seed (the only way to know it for generated
+tasks); `with_goals=False` skips that and stores an empty goal, for envs whose reset is slow.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Sequence
+
+import numpy as np
+import tensorflow_datasets as tfds
+
+from crl_jax.envs.registry import list_envs, make
+
+TRAIN_SEED_BASE = 0
+TEST_SEED_BASE = 10_000_000  # far above any train range we build: the ranges never meet
+VERSION = "1.0.0"
+
+
+def _config_name(env_names: Sequence[str], num_train: int, num_test: int, with_goals: bool) -> str:
+    """A config name TFDS accepts, unique per (env names, sizes, goals)."""
+    key = "|".join(env_names) + f"|{num_train}|{num_test}|{int(with_goals)}"
+    stem = re.sub(r"[^a-z0-9]+", "_", "_".join(env_names).lower()).strip("_")[:60]
+    return f"{stem}_{hashlib.sha1(key.encode()).hexdigest()[:8]}"
+
+
+def task_seeds(split: str, num: int) -> list[int]:
+    base = {"train": TRAIN_SEED_BASE, "test": TEST_SEED_BASE}.get(split)
+    if base is None:
+        raise ValueError(f"unknown split {split!r}; use 'train' or 'test'")
+    if split == "train" and num > TEST_SEED_BASE - TRAIN_SEED_BASE:
+        raise ValueError(f"at most {TEST_SEED_BASE} train tasks per env, asked for {num}")
+    return list(range(base, base + num))
+
+
+class TaskSplitsConfig(tfds.core.BuilderConfig):
+    def __init__(self, *, env_names: Sequence[str], num_train: int, num_test: int,
+                 with_goals: bool):
+        unknown = [n for n in env_names if n not in list_envs()]
+        if unknown:
+            raise ValueError(f"unknown env names {unknown}; known: {', '.join(list_envs())}")
+        if not env_names or num_train < 1 or num_test < 1:
+            raise ValueError("need at least one env name, num_train >= 1 and num_test >= 1")
+        super().__init__(name=_config_name(env_names, num_train, num_test, with_goals),
+                         version=VERSION, description=f"task splits for {', '.join(env_names)}")
+        self.env_names = tuple(env_names)
+        self.num_train, self.num_test, self.with_goals = num_train, num_test, with_goals
+
+
+class TaskSplits(tfds.core.GeneratorBasedBuilder):
+    """Train/test task specs (env_name, seed, goal) for one env or a mixture."""
+
+    VERSION = tfds.core.Version(VERSION)
+
+    def _info(self) -> tfds.core.DatasetInfo:
+        return self.dataset_info_from_configs(
+            features=tfds.features.FeaturesDict({
+                "env_name": tfds.features.Text(),
+                "seed": np.int64,
+                "goal": tfds.features.Text(),
+            }),
+            # Keep the key order (seed-major, envs round-robin) instead of TFDS's hash shuffle.
+            disable_shuffling=True,
+        )
+
+    def _split_generators(self, dl_manager):
+        del dl_manager  # nothing is downloaded: tasks are generated from seeds
+        cfg = self.builder_config
+        return {"train": self._generate_examples("train", cfg.num_train),
+                "test": self._generate_examples("test", cfg.num_test)}
+
+    def _generate_examples(self, split: str, num: int):
+        cfg = self.builder_config
+        envs = {name: make(name) for name in cfg.env_names} if cfg.with_goals else {}
+        try:
+            for index, seed in enumerate(task_seeds(split, num)):
+                for name in cfg.env_names:
+                    goal = ""
+                    if cfg.with_goals:
+                        _, info = envs[name].reset(seed)
+                        goal = str(info.get("goal", ""))
+                    # Keys fix the order TFDS writes examples in: round-robin over envs by seed.
+                    key = f"{index:09d}:{cfg.env_names.index(name):03d}"
+                    yield key, {"env_name": name, "seed": seed, "goal": goal}
+        finally:
+            for env in envs.values():
+                env.close()
+
+
+def _builder(env_names, data_dir, num_train, num_test, with_goals) -> TaskSplits:
+    if isinstance(env_names, str):
+        env_names = [env_names]
+    config = TaskSplitsConfig(env_names=list(env_names), num_train=num_train, num_test=num_test,
+                              with_goals=with_goals)
+    return TaskSplits(data_dir=str(data_dir), config=config, file_format="array_record")
+
+
+def build_task_splits(env_names: str | Sequence[str], data_dir, num_train: int = 1000,
+                      num_test: int = 100, with_goals: bool = True) -> TaskSplits:
+    """Generate (once) the splits for `env_names` under `data_dir`; returns the builder."""
+    builder = _builder(env_names, data_dir, num_train, num_test, with_goals)
+    builder.download_and_prepare(
+        download_config=tfds.download.DownloadConfig(try_download_gcs=False))
+    return builder
+
+
+def load_task_splits(env_names: str | Sequence[str], data_dir, num_train: int = 1000,
+                     num_test: int = 100, with_goals: bool = True) -> dict:
+    """{"train": source, "test": source}: random-access sources of task-spec dicts.
+
+    Builds the splits first if they are not in `data_dir` yet. Each item is
+    {"env_name": str, "seed": int, "goal": str}.
+    """
+    builder = build_task_splits(env_names, data_dir, num_train, num_test, with_goals)
+    sources = builder.as_data_source()
+    return {split: _DecodedSource(sources[split]) for split in ("train", "test")}
+
+
+class _DecodedSource:
+    """Wraps a TFDS data source so items come back as plain Python (str, int), not bytes/numpy."""
+
+    def __init__(self, source):
+        self._source = source
+
+    def __len__(self) -> int:
+        return len(self._source)
+
+    def __getitem__(self, index: int) -> dict:
+        item = self._source[index]
+        text = lambda v: v.decode("utf-8") if isinstance(v, bytes) else str(v)  # noqa: E731
+        return {"env_name": text(item["env_name"]), "seed": int(item["seed"]),
+                "goal": text(item["goal"])}
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
