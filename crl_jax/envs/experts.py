@@ -1,52 +1,60 @@
-"""Scripted agents for every environment: the random agent and the lookup of each env's expert.
+"""Lookup of each environment's scripted expert and random agent.
 
-Owns: `RandomAgent` (uniform over `env.valid_actions()`, seeded per episode) and `expert_for(env)`,
-which finds an environment's scripted expert. An environment module declares its expert either as
-a method `env.make_expert()` or, for the envs built here, in `_EXPERTS` (class name -> module:class),
-so optional packages are imported only when needed.
+Owns `expert_for(env)` and `random_agent_for(env, seed)`. Experts live next to their envs
+(minihack_expert, sokoban, household_agents, shop_agents, textworld_agents); the table below maps
+an env class name to "module:factory" strings so optional packages load only when needed. An env
+may also provide `make_expert()` / `make_random_agent(seed)` methods, which take precedence.
 """
 
 from __future__ import annotations
 
 import importlib
-import random
-from typing import Any
 
 from crl_jax.envs.base import ScriptedAgent, TextEnv
+from crl_jax.envs.random_agent import RandomAgent
 
-_EXPERTS = {
-    "MiniHackEnv": ("crl_jax.envs.minihack_expert", "MiniHackExpert"),
-    "SokobanEnv": ("crl_jax.envs.sokoban", "SokobanExpert"),
+# env class name -> (expert "module:factory", random agent "module:factory" or None for plain)
+_AGENTS = {
+    "MiniHackEnv": ("crl_jax.envs.minihack_expert:MiniHackExpert", None),
+    "SokobanEnv": ("crl_jax.envs.sokoban:SokobanExpert", None),
+    "HouseholdEnv": ("crl_jax.envs.household_agents:HouseholdExpert",
+                     "crl_jax.envs.household_agents:household_random_agent"),
+    "ShopEnv": ("crl_jax.envs.shop_agents:ShopExpert", "crl_jax.envs.shop_agents:shop_random_agent"),
+    "TextWorldEnv": ("crl_jax.envs.textworld_agents:TextWorldExpert",
+                     "crl_jax.envs.textworld_agents:textworld_random_agent"),
 }
 
 
-class RandomAgent(ScriptedAgent):
-    """Picks a uniformly random valid action each turn; deterministic given `seed` and the env seed."""
+def _load(path: str):
+    module_name, attr = path.split(":")
+    return getattr(importlib.import_module(module_name), attr)
 
-    def __init__(self, seed: int = 0):
-        self.seed = seed
-        self._rng = random.Random(seed)
 
-    def reset(self, env: TextEnv, observation: str, info: dict[str, Any]) -> None:
-        self.env = env
-        self._rng = random.Random(f"{self.seed}:{info.get('seed')}")
-
-    def act(self, observation: str, info: dict[str, Any]) -> str:
-        return f"<answer>{self._rng.choice(self.env.valid_actions())}</answer>"
+def _entry(env: TextEnv):
+    env = getattr(env, "unwrapped", env)
+    for cls in type(env).__mro__:
+        if cls.__name__ in _AGENTS:
+            return _AGENTS[cls.__name__]
+    return None
 
 
 def expert_for(env: TextEnv) -> ScriptedAgent:
-    """The scripted expert for `env`; raises LookupError when the env has none."""
+    """The scripted expert for `env`; raises LookupError when there is none."""
     make_expert = getattr(env, "make_expert", None)
     if callable(make_expert):
         return make_expert()
-    for cls in type(env).__mro__:
-        if cls.__name__ in _EXPERTS:
-            module_name, class_name = _EXPERTS[cls.__name__]
-            return getattr(importlib.import_module(module_name), class_name)()
-    module = importlib.import_module(type(env).__module__)
-    for attr in ("make_expert", "Expert"):
-        factory = getattr(module, attr, None)
-        if callable(factory):
-            return factory()
-    raise LookupError(f"no scripted expert known for {type(env).__name__} ({env.name})")
+    entry = _entry(env)
+    if entry is None:
+        raise LookupError(f"no scripted expert known for {type(env).__name__} ({env.name})")
+    return _load(entry[0])()
+
+
+def random_agent_for(env: TextEnv, seed: int = 0) -> ScriptedAgent:
+    """The random agent for `env` (uniform over valid actions, plus free text where an env needs it)."""
+    make_random = getattr(env, "make_random_agent", None)
+    if callable(make_random):
+        return make_random(seed)
+    entry = _entry(env)
+    if entry is not None and entry[1] is not None:
+        return _load(entry[1])(seed)
+    return RandomAgent(seed=seed)

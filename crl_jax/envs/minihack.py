@@ -31,7 +31,7 @@ with warnings.catch_warnings():
 TASKS: dict[str, tuple[str, int, str]] = {
     "room-ultimate-5x5": (
         "MiniHack-Room-Ultimate-5x5-v0",
-        40,
+        20,
         "Reach the staircase down (>) in a dark 5x5 room. The room also holds a monster and a "
         "hidden teleport trap.",
     ),

@@ -12,6 +12,7 @@ A move that leaves the agent in place is remembered as blocked so the next plan 
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import numpy as np
@@ -39,6 +40,8 @@ class MiniHackExpert(ScriptedAgent):
         self.env = env
         static = env.privileged_map()
         self.stairs = next(iter(_cells(static, ">")), None)
+        # A monster standing on the stairs hides them on the hidden map: its cell is a candidate.
+        self.stair_candidates = {self.stairs} if self.stairs else _cells(static, _MONSTERS) - {env.player_xy}
         self.traps = _cells(static, "^")
         # Items out of the hidden agent's line of sight are not on the hidden map (premapping shows
         # terrain only), so the key may have to be found by exploring.
@@ -48,6 +51,7 @@ class MiniHackExpert(ScriptedAgent):
         # Monsters (and the agent itself) stand on floor that the hidden map shows as their letter.
         self.floor = _cells(static, "".join(_WALKABLE) + _MONSTERS + "}")
         self.blocked_moves: set = set()
+        self._rng = random.Random(info.get("seed", 0))
         self._last = None  # (position, move) of the previous step, to detect bumping
         self._plan: list = []  # River: [(expected state, move)]
         self.__dict__.pop("_belief", None)
@@ -98,9 +102,11 @@ class MiniHackExpert(ScriptedAgent):
             path = self._path(world, pos, goal_cells, avoid)
             if path:
                 return path[0]
-        # Nothing reachable: forget bumps (a monster may have stood there) and wait by moving.
+        # Nothing reachable: forget bumps (a monster may have stood there) and step somewhere.
         self.blocked_moves.clear()
-        return next(d for d in pp.DIRS8 if self._legal(pos, d))
+        options = [d for d in pp.DIRS8 if (pos[0] + d[0], pos[1] + d[1]) in world.floor
+                   and self._legal(pos, d)] or list(pp.DIRS8)
+        return options[self._rng.randrange(len(options))]
 
     # ---- acting --------------------------------------------------------------------------------
     def act(self, observation: str, info: dict[str, Any]) -> str:
@@ -118,7 +124,11 @@ class MiniHackExpert(ScriptedAgent):
         elif env.task == "keyroom-dark-s5":
             move = self._keyroom_move(pos, live, monsters, observation)
         else:
-            move = self._go(self._world(False), pos, {self.stairs}, monsters)
+            shown = _cells(live, ">")
+            if shown:
+                self.stairs, self.stair_candidates = next(iter(shown)), shown
+            self.stair_candidates.discard(pos)
+            move = self._go(self._world(False), pos, self.stair_candidates, monsters)
         self._last = (pos, move)
         word = move if isinstance(move, str) else _WORD_OF_DELTA[move]
         return f"<answer>{word}</answer>"
