@@ -7,7 +7,7 @@ import pytest
 from crl_jax.memory.search import SearchConfig, jit_bank_fns
 
 
-def hash_embed(texts, dim=16):
+def _hash_embed(texts, dim=16):
     """Unit vectors seeded by the text, so equal texts get equal keys (a stand-in key function
     for tests that are about bookkeeping, not semantics)."""
     out = np.stack([np.random.default_rng(zlib.crc32(t.encode())).normal(size=dim) for t in texts]) \
@@ -18,3 +18,8 @@ def hash_embed(texts, dim=16):
 @pytest.fixture(scope="session")
 def bank_fns():
     return jit_bank_fns(SearchConfig(k=2), donate=False)
+
+
+@pytest.fixture(scope="session")
+def hash_embed():
+    return _hash_embed

@@ -8,7 +8,6 @@ from hypothesis import strategies as st
 
 from crl_jax.memory import bank as bk
 from crl_jax.memory.manager import MemoryConfig, MemoryManager
-from tests.memory.conftest import hash_embed
 
 TASKS = ("a", "b")
 CAPACITY = 4
@@ -37,7 +36,7 @@ def _check(mgr, model):
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(op_strategy, min_size=1, max_size=25))
-def test_any_sequence_keeps_invariants(bank_fns, sequence):
+def test_any_sequence_keeps_invariants(bank_fns, hash_embed, sequence):
     mgr = MemoryManager(MemoryConfig(tasks=TASKS, capacity=CAPACITY, dim=16), bank_fns, hash_embed)
     model = {t: [] for t in TASKS}          # live ids per task, oldest first
     next_id = 0
@@ -78,33 +77,37 @@ def test_any_sequence_keeps_invariants(bank_fns, sequence):
     assert int(mgr.bank.next_id) == next_id
 
 
+add, delete, update = jax.jit(bk.add), jax.jit(bk.delete), jax.jit(bk.update)
+
+
 def test_fifo_evicts_oldest_and_reuses_freed_slots():
     b = bk.init_bank(1, 3, 2)
     keys = np.eye(2, dtype=np.float32)[[0, 1, 0]]
-    b, ids, ev = bk.add(b, keys, np.zeros(3, np.int32), 0)
+    b, ids, ev = add(b, keys, np.zeros(3, np.int32), 0)
     assert ids.tolist() == [0, 1, 2] and ev.tolist() == [-1, -1, -1]
-    b, n = bk.delete(b, np.array([1, 7, -1]))               # unknown and padding ids ignored
+    b, n = delete(b, np.array([1, 7, -1]))               # unknown and padding ids ignored
     assert int(n) == 1
-    b, ids, ev = bk.add(b, keys[:2], np.zeros(2, np.int32), 1, mask=np.array([True, True]))
+    b, ids, ev = add(b, keys[:2], np.zeros(2, np.int32), 1, mask=np.array([True, True]))
     assert ids.tolist() == [3, 4] and ev.tolist() == [-1, 0], "freed slot first, then the oldest"
-    b, new_id, evicted = bk.update(b, np.array([2]), keys[0], 0, 2)
+    b, new_id, evicted = update(b, np.array([2]), keys[0], 0, 2)
     assert int(new_id) == 5 and int(evicted) == -1
     assert sorted(np.asarray(b.entry_id[0]).tolist()) == [3, 4, 5]
-    b, ids, ev = bk.add(b, keys[:2], np.zeros(2, np.int32), 3, mask=np.array([False, True]))
+    b, ids, ev = add(b, keys[:2], np.zeros(2, np.int32), 3, mask=np.array([False, True]))
     assert ids.tolist() == [-1, 6] and ev.tolist() == [-1, 3], "masked rows change nothing"
 
 
 def test_counters_and_train_weights():
     b = bk.init_bank(2, 4, 2)
-    b, ids, _ = bk.add(b, np.ones((3, 2), np.float32), np.array([0, 0, 1]), 0)
-    b = bk.mark_retrieved(b, np.array([[0, 0], [2, -1]]), 5)   # entry 0 shown to two rollouts
+    weights = jax.jit(bk.train_weights, static_argnames=("cooldown", "power"))
+    b, ids, _ = add(b, np.ones((3, 2), np.float32), np.array([0, 0, 1]), 0)
+    b = jax.jit(bk.mark_retrieved)(b, np.array([[0, 0], [2, -1]]), 5)   # entry 0 shown to two rollouts
     row = {int(i): (int(c), int(s)) for i, c, s in zip(np.ravel(b.entry_id), np.ravel(b.retrieval_count),
                                                       np.ravel(b.last_retrieved_step)) if i >= 0}
     assert row == {0: (2, 5), 1: (0, -1), 2: (1, 5)}
-    b = bk.mark_trained(b, np.array([0, 0, 1]), 7)
-    w = bk.train_weights(b, np.array([0, 1, 2]), 8, cooldown=1, power=0.5)
+    b = jax.jit(bk.mark_trained)(b, np.array([0, 0, 1]), 7)
+    w = weights(b, np.array([0, 1, 2]), 8, cooldown=1, power=0.5)
     np.testing.assert_allclose(w, [3.0 ** -0.5, 2.0 ** -0.5, 1.0], rtol=1e-6)
-    w = bk.train_weights(b, np.array([0, 2]), 7, cooldown=1, power=0.5)
+    w = weights(b, np.array([0, 2]), 7, cooldown=1, power=0.5)
     np.testing.assert_allclose(w, [0.0, 1.0])               # trained this very step: cooling down
     assert np.asarray(b.task_id).tolist()[1][:2] == [1, -1]
 

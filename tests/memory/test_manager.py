@@ -9,15 +9,14 @@ import numpy as np
 from crl_jax.memory import prompts
 from crl_jax.memory.manager import MemoryConfig, MemoryManager
 from crl_jax.memory.text_store import Generation
-from tests.memory.conftest import hash_embed
 
 
-def _manager(bank_fns, **kw):
+def _manager(bank_fns, hash_embed, **kw):
     return MemoryManager(MemoryConfig(tasks=("room", "maze"), capacity=32, dim=16, **kw), bank_fns, hash_embed)
 
 
-def test_retrieve_finds_own_task_and_counts_only_marked(bank_fns):
-    mgr = _manager(bank_fns)
+def test_retrieve_finds_own_task_and_counts_only_marked(bank_fns, hash_embed):
+    mgr = _manager(bank_fns, hash_embed)
     a = mgr.add_entry("room", "A", "open doors", "goal: exit room", 0)
     b = mgr.add_entry("maze", "B", "follow walls", "goal: exit room", 0)   # same key, other task
     mgr.add_entry("room", "C", "other", "goal: find key", 0)
@@ -30,16 +29,16 @@ def test_retrieve_finds_own_task_and_counts_only_marked(bank_fns):
     assert counts[a] == 2 and counts[b] == 1
 
 
-def test_generation_is_kept_with_the_entry(bank_fns):
-    mgr = _manager(bank_fns)
+def test_generation_is_kept_with_the_entry(bank_fns, hash_embed):
+    mgr = _manager(bank_fns, hash_embed)
     gen = Generation([1, 2, 3], [4, 5], [-0.1, -0.2])
     reason, ids = mgr.distill("room", "q", "<answer>add(<title>t</title><content>c</content>)</answer>", [], 3, gen)
     assert reason == "ok" and mgr.store[ids[0]].generation == gen
     assert mgr.store[ids[0]].query == "q" and mgr.store[ids[0]].created_step == 3
 
 
-def test_stale_target_changes_nothing(bank_fns):
-    mgr = _manager(bank_fns)
+def test_stale_target_changes_nothing(bank_fns, hash_embed):
+    mgr = _manager(bank_fns, hash_embed)
     a = mgr.add_entry("room", "A", "x", "q", 0)
     mgr.delete_entries([a], 1)
     reason, ids = mgr.distill("room", "q", "<answer>update([1], <title>t</title><content>c</content>)</answer>", [a], 2)
@@ -60,8 +59,8 @@ def _item(t, c):
     return f"<<<KNOWLEDGE_ITEM>>>\n<title>{t}</title>\n<content>{c}</content>\n<<<END_ITEM>>>"
 
 
-def test_sliding_merge_carries_output_into_next_chunk(bank_fns):
-    mgr = _manager(bank_fns, merge_every=5, merge_chunk=5)
+def test_sliding_merge_carries_output_into_next_chunk(bank_fns, hash_embed):
+    mgr = _manager(bank_fns, hash_embed, merge_every=5, merge_chunk=5)
     ids = [mgr.add_entry("room", f"T{i}", f"lesson {i}", f"q{i}", 0) for i in range(12)]
     other = mgr.add_entry("maze", "M", "maze lesson", "qm", 0)
     generate, seen = _merge_script([_item("M1", "merged 0-4"),
@@ -83,22 +82,22 @@ def test_sliding_merge_carries_output_into_next_chunk(bank_fns):
     assert set(ids[10:]) <= mgr.store.ids() and not set(ids[:10]) & mgr.store.ids()
 
 
-def test_bad_merge_output_keeps_everything(bank_fns):
-    mgr = _manager(bank_fns, merge_chunk=3)
+def test_bad_merge_output_keeps_everything(bank_fns, hash_embed):
+    mgr = _manager(bank_fns, hash_embed, merge_chunk=3)
     ids = [mgr.add_entry("room", f"T{i}", f"lesson {i}", f"q{i}", 0) for i in range(3)]
     generate, _ = _merge_script([_item("a", "b") * 4])             # more items than inputs
     assert mgr.merge_task("room", 5, generate) == (0, 0)
     assert mgr.store.ids() == set(ids) and mgr.reasons["merge_too_many_items"] == 1
 
 
-def test_state_round_trip_and_show(bank_fns, tmp_path):
-    mgr = _manager(bank_fns)
+def test_state_round_trip_and_show(bank_fns, hash_embed, tmp_path):
+    mgr = _manager(bank_fns, hash_embed)
     mgr.add_entry("room", "Doors", "try the door first", "goal: exit", 0, Generation([1], [2]))
     mgr.add_entry("maze", "Walls", "keep a hand on the wall", "goal: maze", 1)
     mgr.distill("room", "q", "garbage", [], 2)
     bank, state = mgr.state()
     state = json.loads(json.dumps(state))
-    fresh = _manager(bank_fns)
+    fresh = _manager(bank_fns, hash_embed)
     fresh.restore(jax.device_get(bank), state)
     assert fresh.store.to_json() == mgr.store.to_json() and fresh.reasons == mgr.reasons
     np.testing.assert_array_equal(np.asarray(fresh.bank.keys), np.asarray(mgr.bank.keys))

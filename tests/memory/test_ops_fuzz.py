@@ -7,7 +7,6 @@ import pytest
 
 from crl_jax.memory import ops
 from crl_jax.memory.manager import MemoryConfig, MemoryManager
-from tests.memory.conftest import hash_embed
 
 E = "<title>{}</title><content>{}</content>"
 
@@ -95,7 +94,7 @@ def _hostile(rng, n_retrieved):
     return rng.choice([None, b"<answer>return()</answer>", 12, ["add"]])
 
 
-def test_fuzz_10000_outputs(bank_fns):
+def test_fuzz_10000_outputs(bank_fns, hash_embed):
     rng = random.Random(1234)
     mgr = MemoryManager(MemoryConfig(tasks=("t",), capacity=6, dim=16), bank_fns, hash_embed)
     expected_next_id, n_good = 0, 0
