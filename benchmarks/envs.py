@@ -41,18 +41,22 @@ def bench_env(name: str, seeds: list[int]) -> dict:
     total_steps, total_s = 0, 0.0
     try:
         for label in ("expert", "random"):
-            wins, turns = 0, 0
+            wins, turns, failed = 0, 0, []
             t0 = time.perf_counter()
             for seed in seeds:
                 agent = expert_for(env) if label == "expert" else random_agent_for(env, seed=0)
                 ok, n, steps, step_s = play(env, agent, seed)
                 wins += ok
+                if not ok:
+                    failed.append(seed)
                 turns += n
                 total_steps += steps
                 total_s += step_s
             row[f"{label}_success"] = wins / len(seeds)
             row[f"{label}_turns"] = turns / len(seeds)
             row[f"{label}_wall_s"] = time.perf_counter() - t0
+            if label == "expert":
+                row["expert_failed_seeds"] = failed
     finally:
         env.close()
     row["steps_per_s"] = total_steps / max(total_s, 1e-9)

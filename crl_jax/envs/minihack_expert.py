@@ -41,7 +41,8 @@ class MiniHackExpert(ScriptedAgent):
         static = env.privileged_map()
         self.stairs = next(iter(_cells(static, ">")), None)
         # A monster standing on the stairs hides them on the hidden map: its cell is a candidate.
-        self.stair_candidates = {self.stairs} if self.stairs else _cells(static, _MONSTERS) - {env.player_xy}
+        self.stair_candidates = (
+            {self.stairs} if self.stairs else _cells(static, _MONSTERS) - {env.player_xy})
         self.traps = _cells(static, "^")
         # Items out of the hidden agent's line of sight are not on the hidden map (premapping shows
         # terrain only), so the key may have to be found by exploring.

@@ -4,7 +4,7 @@ Owns: stepping B (env, agent) episodes in lock-step turns, with every env call (
 that env's own daemon thread and awaited with a timeout. An env that raises or overruns the timeout
 ends *its own* episode as failed, with the reason recorded; the rest of the batch goes on. A hung
 env's thread is abandoned (daemon threads do not block interpreter exit) and that env object is
-never called again. Actions come either from per-episode `ScriptedAgent`s or from one batched
+never called again by this batch; it may still be running, so callers must not reuse it. Actions come either from per-episode `ScriptedAgent`s or from one batched
 policy `policy(observations, infos) -> action texts` (how an LLM actor plugs in).
 
 Returns one `EpisodeRecord` per episode: success, turns, reason, reward and the transcript.
@@ -36,7 +36,8 @@ class EpisodeRecord:
     # [{"observation": str, "action": str | None, "reward": float}], first entry is the reset.
     transcript: list = dataclasses.field(default_factory=list)
     env_steps: int = 0
-    env_seconds: float = 0.0  # time spent inside env calls (for steps/s)
+    # Wall time of the batched env calls this episode took part in (the batch waits for its slowest).
+    env_seconds: float = 0.0
 
     @property
     def failed_by_fault(self) -> bool:

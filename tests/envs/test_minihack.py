@@ -34,7 +34,9 @@ def _play(env, agent, seed):
 def test_same_seed_same_observation_sequence(envs, name):
     env = envs[name]
     first, _, _ = _play(env, random_agent_for(env, seed=3), seed=7)
-    again, _, _ = _play(env, random_agent_for(env, seed=3), seed=7)
+    fresh = make(name)  # a second NLE instance must replay the same game too
+    again, _, _ = _play(fresh, random_agent_for(fresh, seed=3), seed=7)
+    fresh.close()
     assert first == again
     other, _, _ = _play(env, random_agent_for(env, seed=3), seed=8)
     assert other != first, "a different seed should give a different game"
