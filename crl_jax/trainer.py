@@ -28,6 +28,8 @@ import optax
 from flax import nnx
 
 from crl_jax import envs, models, sharding
+from crl_jax import metrics as metrics_lib
+from crl_jax.checkpoint import Checkpointer, config_digest
 from crl_jax.config import RunConfig
 from crl_jax.memory import bank as bank_lib
 from crl_jax.memory.manager import MemoryConfig as BankConfig, MemoryManager
@@ -40,6 +42,7 @@ from crl_jax.rollout.actor import ActorLoop, ActorLoopConfig
 from crl_jax.rollout.experience import ExperienceService
 from crl_jax.rollout.extractor import ExtractorClient
 from crl_jax.rollout.reward_buffer import RewardBuffer
+from crl_jax.rollout.task_stream import TaskStream
 from crl_jax.rollout.trajectory import EpisodeSpec, generations_batch, to_policy_batch
 from crl_jax.sampling import Sampler, SamplerSpec
 from crl_jax.tokenizer import Tokenizer
@@ -155,6 +158,15 @@ class Trainer:
         self.background = concurrent.futures.ThreadPoolExecutor(max_workers=1)
         self.pending = None
         self.pending_trained: list[int] = []
+        self._trained_at = 0
+        self._carry: dict = {}
+
+        splits = task_splits(cfg.tasks, cfg.data_dir or os.path.join(workdir, "tfds"))
+        self.stream = TaskStream(splits["train"], cfg.seed)
+        self.test_tasks = [t for name in cfg.tasks
+                           for t in [t for t in splits["test"] if t["env"] == name][:cfg.eval.tasks_per_env]]
+        self.checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"),
+                                         max_to_keep=cfg.checkpoint.keep, digest=run_digest(cfg))
 
     def _embedder(self):
         from crl_jax.memory import embedder as embedder_lib
@@ -176,3 +188,281 @@ class Trainer:
             out.append(pool[index])
             used[spec.task] = index + 1
         return out
+
+    # ---- one training step -----------------------------------------------------------------
+    def _join_background(self) -> dict:
+        """Wait for the previous step's distillation; apply deferred training counts."""
+        out = {}
+        if self.pending is not None:
+            out = self.pending.result()
+            self.pending = None
+        if self.pending_trained and self.experience is not None:
+            self.experience.manager.mark_trained(self.pending_trained, self._trained_at)
+            self.pending_trained = []
+        return out
+
+    def _episode_specs(self, tasks: list[dict]) -> list[EpisodeSpec]:
+        r = self.cfg.rollout
+        guided_from = r.free_per_group if self.experience is not None else r.group_size
+        return [EpisodeSpec(task["env"], int(task["seed"]), group, k >= guided_from)
+                for group, task in enumerate(tasks) for k in range(r.group_size)]
+
+    def rollout(self, specs: list[EpisodeSpec], step: int, use_memory: bool, seed: int,
+                allow_tools: bool = True, count_retrievals: bool = True):
+        """Reset the episodes' environments, retrieve for guided ones, and run the actor loop."""
+        env_objs = self.envs_for(specs)
+        firsts = []
+        for env, spec in zip(env_objs, specs):
+            try:
+                firsts.append(env.reset(spec.seed))
+            except Exception as err:  # the episode fails; the batch goes on
+                log.warning("reset of %s seed %d failed: %s", spec.task, spec.seed, err)
+                firsts.append(None)
+        entries = [None] * len(specs)
+        guided_rows = [i for i, s in enumerate(specs) if s.guided and firsts[i] is not None]
+        if use_memory and guided_rows:
+            from crl_jax.rollout.actor import retrieval_query
+
+            queries = [retrieval_query(firsts[i][1].get("goal", ""), firsts[i][0]) for i in guided_rows]
+            found = self.experience.retrieve(queries, [specs[i].task for i in guided_rows], step,
+                                             count=count_retrievals)
+            for i, entry in zip(guided_rows, found):
+                entries[i] = entry
+        tools = [use_memory and allow_tools and s.guided for s in specs]
+        refine = (self.experience.refiner(self.extractor_state.params, step, count=count_retrievals)
+                  if use_memory and allow_tools else None)
+        trajectories = self.actor_loop.run(self.actor_state.params, env_objs, specs, entries, seed,
+                                           refine=refine, tool_enabled=tools,
+                                           first_observations=[f for f in firsts])
+        for traj, first in zip(trajectories, firsts):
+            if first is None:
+                traj.end_reason = "env_error: reset failed"
+        return trajectories, entries
+
+    def train_step(self, step: int, tasks: list[dict]) -> dict:
+        cfg = self.cfg
+        started = time.perf_counter()
+        background = {**getattr(self, "_carry", {}), **self._join_background()}
+        self._carry = {}
+        metrics: dict[str, float] = {f"distill/{k}": v for k, v in background.items()}
+        warm = step < cfg.memory.warmup_steps if self.experience is not None else False
+        if self.experience is not None and cfg.memory.merge_every and step > 0:
+            merged = self.experience.merge(self.extractor_state.params, step)
+            metrics["bank/merge_calls"] = float(len(merged))
+
+        specs = self._episode_specs(tasks)
+        use_memory = self.experience is not None and not warm
+        trajectories, entries = self.rollout(specs, step, use_memory, seed=self._seed(step, 0))
+        metrics["time/actor_rollout_s"] = self.actor_loop.last_timings["actor_rollout_s"]
+        metrics.update(episode_metrics(trajectories, metrics_lib.TRAIN))
+        metrics.update(episode_metrics([t for t in trajectories if t.spec.guided],
+                                       metrics_lib.TRAIN_WITH_EXP))
+        metrics.update(episode_metrics([t for t in trajectories if not t.spec.guided],
+                                       metrics_lib.TRAIN_WITHOUT_EXP))
+        metrics[metrics_lib.TOOL_CALL_RATE] = float(np.mean(
+            [t.tool_calls for t in trajectories if t.spec.guided] or [0.0]))
+
+        extractor_batch = None
+        if use_memory:
+            for traj, entry in zip(trajectories, entries):
+                if entry is not None and entry.generation is not None:
+                    self.buffer.add_use(entry.generation, traj.success, entry.entry_id)
+                for gen in traj.refinements:
+                    self.buffer.add_use(gen, traj.success)
+            if cfg.extractor.train:
+                extractor_batch = self._extractor_batch(step, metrics)
+
+        # Distill this step's guided episodes: in the background while the actor trains, unless
+        # the extractor's own weights are about to be updated (they are donated to the step).
+        guided = [(t, e) for t, e in zip(trajectories, entries) if t.spec.guided]
+        if self.experience is not None and guided:
+            job = lambda p=self.extractor_state.params: self.experience.distill(  # noqa: E731
+                p, [t for t, _ in guided], [e for _, e in guided], step)
+            if extractor_batch is None:
+                self.pending = self.background.submit(job)
+            else:
+                metrics.update({f"distill/{k}": v for k, v in job().items()})
+
+        if not warm and (cfg.rl.train_actor or extractor_batch is not None):
+            metrics.update(self._update(trajectories, extractor_batch))
+        if self.experience is not None:
+            metrics["bank/size"] = float(len(self.experience.manager.store))
+        metrics["extractor/buffer_size"] = float(len(self.buffer))
+        metrics["time/step_s"] = time.perf_counter() - started
+        return metrics
+
+    def _extractor_batch(self, step: int, metrics: dict):
+        e = self.cfg.extractor
+        samples = self.buffer.pop_batch(e.batch_size)
+        if samples is None:
+            return None
+        ids = np.asarray([min(s.entry_ids) if s.entry_ids else bank_lib.NEVER for s in samples], np.int32)
+        weights = np.asarray(self._train_weights(self.experience.manager.bank, ids, np.int32(step),
+                                                 e.cooldown_steps, e.weight_power))
+        weights = np.where(ids == bank_lib.NEVER, 1.0, weights)
+        self.pending_trained = sorted({i for s in samples for i in s.entry_ids})
+        self._trained_at = step
+        metrics["extractor/reward"] = float(np.mean([s.reward for s in samples]))
+        metrics["extractor/weight_mean"] = float(weights.mean())
+        return generations_batch([(s.generation, s.reward, float(w)) for s, w in zip(samples, weights)],
+                                 self.cfg.extractor.cache_length, e.batch_size, self.tokenizer.pad_id)
+
+    def _update(self, trajectories, extractor_batch) -> dict:
+        actor_batch = to_policy_batch(trajectories, self.cfg.rl.max_seq_len)
+        if not self.cfg.rl.train_actor:
+            # Experience only: the actor's rows are all marked invalid, so its gradient is zero.
+            actor_batch = actor_batch.replace(valid=np.zeros_like(actor_batch.valid))
+        batch = TrainBatch(actor_batch, extractor_batch)
+        key = extractor_batch is not None
+        if key not in self._step_fns:
+            self._step_fns[key] = make_train_step(self.train_cfg, self.mesh, self.actor_state,
+                                                  self.extractor_state, batch)
+        actor_state, extractor_state, metrics = self._step_fns[key](
+            self.actor_state, self.extractor_state, batch)
+        self.actor_state = actor_state
+        self.extractor_state = extractor_state
+        return {k: float(v) for k, v in jax.device_get(metrics).items()}
+
+    # ---- evaluation --------------------------------------------------------------------------
+    def evaluate(self, step: int) -> dict[str, float]:
+        """Test-split success and actions, without and (if there is a bank) with experience. The
+        bank's retrieval counters are not touched, so evaluating never changes training."""
+        cfg, out = self.cfg, {}
+        started = time.perf_counter()
+        variants = []
+        if cfg.eval.without_experience:
+            variants.append((metrics_lib.EVAL_WITHOUT_EXP, False))
+        if cfg.eval.with_experience and self.experience is not None:
+            variants.append((metrics_lib.EVAL_WITH_EXP, True))
+        width = cfg.rollout.groups_per_step * cfg.rollout.group_size
+        for salt, (prefix, with_exp) in enumerate(variants):
+            specs = [EpisodeSpec(t["env"], int(t["seed"]), i, with_exp)
+                     for i, t in enumerate(self.test_tasks)]
+            trajectories = []
+            for start in range(0, len(specs), width):
+                chunk = specs[start:start + width]
+                # Same batch width as training, so the compiled sampler is reused.
+                padded = chunk + [chunk[0]] * (width - len(chunk))
+                trajs, _ = self.rollout(padded, step, with_exp, seed=self._seed(step, 100 + salt),
+                                        count_retrievals=False)
+                trajectories += trajs[:len(chunk)]
+            out.update(episode_metrics(trajectories, prefix))
+        out[metrics_lib.TIME_EVAL] = time.perf_counter() - started
+        return out
+
+    # ---- the loop --------------------------------------------------------------------------
+    def host_state(self, next_step: int) -> dict:
+        state = {"next_step": next_step, "buffer": self.buffer.to_json(),
+                 "stream": self.stream.state(), "pending_trained": self.pending_trained,
+                 "trained_at": getattr(self, "_trained_at", 0)}
+        if self.experience is not None:
+            _, state["memory"] = self.experience.manager.state()
+            state["memory_reasons"] = dict(self.experience.stats)
+        return state
+
+    def device_state(self) -> dict:
+        tree = {"actor": self.actor_state, "extractor": self.extractor_state}
+        if self.experience is not None:
+            tree["bank"] = self.experience.manager.bank
+        return tree
+
+    def save(self, next_step: int) -> None:
+        self._join_background_into(self._carry)
+        self.checkpointer.save(next_step, self.device_state(), self.host_state(next_step))
+
+    def restore(self) -> int:
+        """Restore the newest valid checkpoint of this workdir; returns the step to run next."""
+        if self.checkpointer.latest_step() is None:
+            return 0
+        step, tree, host = self.checkpointer.restore(self.device_state())
+        for skipped, why in sorted(self.checkpointer.skipped.items()):
+            log.warning("checkpoint step %d was unusable (%s); restored step %d instead", skipped, why, step)
+        self.actor_state, self.extractor_state = tree["actor"], tree["extractor"]
+        if self.experience is not None:
+            self.experience.manager.restore(tree["bank"], host["memory"])
+            self.experience.stats.clear()
+            self.experience.stats.update(host["memory_reasons"])
+        self.buffer = RewardBuffer.from_json(host["buffer"])
+        self.stream.restore(host["stream"])
+        self.pending_trained = list(host["pending_trained"])
+        self._trained_at = int(host["trained_at"])
+        log.info("restored checkpoint of step %d from %s", step, self.checkpointer.directory)
+        return int(host["next_step"])
+
+    def _join_background_into(self, carry: dict) -> None:
+        """Finish background work now (before a checkpoint), keeping its metrics for the next step."""
+        carry.update(self._join_background())
+
+    def run(self) -> dict:
+        cfg = self.cfg
+        self._carry: dict = {}
+        start = self.restore()
+        writer = metrics_lib.MetricsWriter(self.workdir)
+        writer.resume_from(start - 1) if start > 0 else writer.resume_from(-1)
+        progress = metrics_lib.Progress(cfg.steps, keys=(metrics_lib.TRAIN_SUCCESS, metrics_lib.BANK_SIZE,
+                                                         metrics_lib.TIME_STEP), every=cfg.log_every)
+        last: dict = {}
+        for step in range(start, cfg.steps):
+            tasks = self.stream.take(cfg.rollout.groups_per_step)
+            metrics = self.train_step(step, tasks)
+            if cfg.eval.every and (step + 1) % cfg.eval.every == 0 and step + 1 < cfg.steps:
+                metrics.update(self.evaluate(step))
+            if step + 1 == cfg.steps:
+                metrics.update(self.evaluate(step))
+            writer.write(step, metrics)
+            progress.update(step + 1, metrics)
+            last = metrics
+            if (step + 1) % cfg.checkpoint.every == 0 or step + 1 == cfg.steps:
+                self.save(step + 1)
+        progress.close()
+        self._join_background()
+        self.checkpointer.wait()
+        writer.close()
+        if jax.process_index() == 0:
+            from crl_jax import report
+
+            report.write_report(self.workdir)
+        return last
+
+    def _seed(self, step: int, salt: int) -> int:
+        return (self.cfg.seed * 7919 + step * 31 + salt) % (2 ** 31)
+
+
+def episode_metrics(trajectories, prefix: str) -> dict[str, float]:
+    """Success, reward, actions and tool use, overall and per task (see crl_jax.metrics)."""
+    return metrics_lib.aggregate_episodes([episode_record(t) for t in trajectories], prefix)
+
+
+def episode_record(traj) -> dict:
+    return {"task": traj.spec.task, metrics_lib.SUCCESS: float(traj.success),
+            metrics_lib.REWARD: traj.reward, metrics_lib.ACTIONS: float(traj.actions),
+            metrics_lib.TOOL_CALLS: float(traj.tool_calls),
+            "invalid_actions": float(traj.invalid_actions),
+            "env_errors": float(traj.end_reason.startswith("env_error"))}
+
+
+def task_splits(names, data_dir: str) -> dict[str, list[dict]]:
+    """{"train": [...], "test": [...]} task specs ({"env", "seed"}) for the environments `names`,
+    from the TFDS task-split datasets (built into `data_dir` on first use)."""
+    from crl_jax import data
+
+    sources = data.load_task_splits(list(names), data_dir, with_goals=False)
+    return {split: [{"env": t["env_name"], "seed": t["seed"]} for t in sources[split]]
+            for split in ("train", "test")}
+
+
+def run_digest(cfg: RunConfig) -> str:
+    """What must not change under a resumed run: everything but the step budget and cadences."""
+    from crl_jax.config import to_dict
+
+    return config_digest(to_dict(cfg), ignore=("steps", "log_every", "eval", "checkpoint"))
+
+
+def main(cfg: RunConfig, workdir: str) -> dict:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    trainer = Trainer(cfg, workdir)
+    with open(os.path.join(workdir, "config.json"), "w") as f:
+        from crl_jax.config import to_dict
+
+        json.dump(to_dict(cfg), f, indent=2)
+    return trainer.run()

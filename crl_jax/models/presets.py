@@ -18,6 +18,11 @@ _DECODER_PRESETS: dict[str, DecoderConfig] = {
         vocab_size=1024, hidden_size=256, intermediate_size=768, num_layers=4, num_heads=4,
         num_kv_heads=2, head_dim=64, rope_theta=10000.0, rms_norm_eps=1e-6, tie_embeddings=True,
         max_position_embeddings=8192, model_type="qwen2", qkv_bias=True),
+    # Smaller still: end-to-end tests and smoke runs of the whole training loop.
+    "nano": DecoderConfig(
+        vocab_size=1024, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+        num_kv_heads=2, head_dim=16, rope_theta=10000.0, rms_norm_eps=1e-6, tie_embeddings=True,
+        max_position_embeddings=8192, model_type="qwen2", qkv_bias=True),
     "smollm2-135m": DecoderConfig(
         vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9,
         num_kv_heads=3, head_dim=64, rope_theta=100000.0, rms_norm_eps=1e-5, tie_embeddings=True,

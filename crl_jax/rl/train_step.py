@@ -161,15 +161,22 @@ def train_step(actor_state: TrainState, extractor_state: TrainState, batch: Trai
 def make_train_step(cfg: TrainConfig, mesh: Mesh, actor_state, extractor_state, batch: TrainBatch):
     """`train_step` jitted once for the structure of `batch` (with or without an extractor part),
     with explicit shardings on `mesh` and both states donated. The states and batch may be concrete
-    or abstract (jax.ShapeDtypeStruct); they only supply shapes and structure."""
+    or abstract (jax.ShapeDtypeStruct); they only supply shapes and structure. Without an extractor
+    batch the extractor state may be None (an actor-only step)."""
+    if batch.extractor is not None and extractor_state is None:
+        raise ValueError("an extractor batch needs an extractor state")
     for name, n, part in (("actor", cfg.actor_micro_batches, batch.actor),
                           ("extractor", cfg.extractor_micro_batches, batch.extractor)):
         if part is not None and part.tokens.shape[0] % n:
             raise ValueError(f"{name} batch size {part.tokens.shape[0]} is not divisible by "
                              f"{name}_micro_batches={n}")
-    state_sh = (state_shardings(mesh, actor_state), state_shardings(mesh, extractor_state))
+    state_sh = tuple(None if s is None else state_shardings(mesh, s)
+                     for s in (actor_state, extractor_state))
     batch_sh = batch_shardings(mesh, batch)
     replicated = NamedSharding(mesh, PartitionSpec())
+    # Without an extractor part the extractor state passes through untouched; it is not donated,
+    # so its params stay valid for extractor inference running concurrently (distillation).
+    donate = (0, 1) if batch.extractor is not None else (0,)
     return jax.jit(functools.partial(train_step, cfg=cfg),
                    in_shardings=(*state_sh, batch_sh), out_shardings=(*state_sh, replicated),
-                   donate_argnums=(0, 1))
+                   donate_argnums=donate)

@@ -30,18 +30,21 @@ class ExperienceService:
     def _gen_seed(self, step: int, salt: int) -> int:
         return (self.seed * 1_000_003 + step * 101 + salt) % (2 ** 31)
 
-    def retrieve(self, queries: Sequence[str], tasks: Sequence[str], step: int) -> list[Entry | None]:
-        """The top entry for each query (None where its task partition is empty); counted as shown."""
+    def retrieve(self, queries: Sequence[str], tasks: Sequence[str], step: int,
+                 count: bool = True) -> list[Entry | None]:
+        """The top entry for each query (None where its task partition is empty); counted as shown
+        unless `count` is False (evaluation must not change what training retrieves)."""
         if not queries:
             return []
         found = self.manager.retrieve(list(queries), list(tasks), step, self._rng(step, 0))
         entries = [row[0] if row else None for row in found]
-        self.manager.mark_shown([e.entry_id for e in entries if e is not None], step)
-        self.stats["retrievals"] += len(queries)
-        self.stats["retrieval_hits"] += sum(e is not None for e in entries)
+        if count:
+            self.manager.mark_shown([e.entry_id for e in entries if e is not None], step)
+            self.stats["retrievals"] += len(queries)
+            self.stats["retrieval_hits"] += sum(e is not None for e in entries)
         return entries
 
-    def refiner(self, params, step: int):
+    def refiner(self, params, step: int, count: bool = True):
         """A search-and-ask handler for one rollout: each call answers one batch of tool calls."""
         calls = [0]
 
@@ -52,13 +55,14 @@ class ExperienceService:
             found = self.manager.retrieve(questions, tasks, step, self._rng(step, 1000 + calls[0]))
             answers: list[tuple[str | None, Generation | None]] = [(None, None)] * len(queries)
             asks = [(i, row[0]) for i, row in enumerate(found) if row]
-            self.manager.mark_shown([entry.entry_id for _, entry in asks], step)
+            if count:
+                self.manager.mark_shown([entry.entry_id for _, entry in asks], step)
             replies = self.extractor.generate(
                 params, [prompts.refine_messages(questions[i], entry.render()) for i, entry in asks],
                 seed=self._gen_seed(step, 1000 + calls[0]), kind="refine")
             for (i, _), (text, gen) in zip(asks, replies):
                 answers[i] = (text.strip() or None, gen)
-            self.stats["refinements"] += len(asks)
+            self.stats["refinements"] += len(asks) if count else 0
             return answers
 
         return refine
