@@ -54,9 +54,6 @@ class HouseholdEnv(TextEnv):
 
     name = "household/v1"
     system_prompt = SYSTEM_PROMPT
-    invalid_action_message = ("Invalid action. Reply with exactly one command inside "
-                              "<answer>...</answer> that names things in this room, e.g. "
-                              "<answer>go to cabinet 1</answer>.")
 
     def __init__(self, families: tuple[str, ...] | list[str] | None = None, max_turns: int = 40,
                  list_actions: bool = True):
@@ -88,6 +85,13 @@ class HouseholdEnv(TextEnv):
                        f"{_listing(self.scene.receptacles)}.\n\nYour task is to: {self.scene.goal}")
         return self._with_actions(observation), self.scene.goal, {
             "task_family": self.scene.family, "room": self.scene.room}
+
+    @property
+    def invalid_action_message(self) -> str:
+        # Repeats the available actions: the invalid turn replaced the observation that listed them.
+        return self._with_actions("Invalid action. Reply with exactly one command inside "
+                                  "<answer>...</answer> that names things in this room, e.g. "
+                                  "<answer>go to cabinet 1</answer>.")
 
     def _with_actions(self, observation: str) -> str:
         if not self.list_actions:

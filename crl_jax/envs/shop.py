@@ -40,9 +40,6 @@ class ShopEnv(TextEnv):
 
     name = "shop/v1"
     system_prompt = SYSTEM_PROMPT
-    invalid_action_message = ("Invalid action. Reply with one action inside <answer>...</answer>: "
-                              "search[...] on the search page, or click[...] on a label shown in "
-                              "[brackets] on this page.")
 
     def __init__(self, catalog_seed: int = 0, catalog_size: int = 1000, max_turns: int = 15,
                  results_per_page: int = 10, max_results: int = 50, list_actions: bool = True):
@@ -113,6 +110,13 @@ class ShopEnv(TextEnv):
     def parse_action(self, text: str) -> str | None:
         action = parse_answer_tag(text)
         return None if action is None else self.canonical(action)
+
+    @property
+    def invalid_action_message(self) -> str:
+        # Shows the current page again: the invalid turn replaced the observation that held it.
+        return ("Invalid action. Reply with one action inside <answer>...</answer>: search[...] on "
+                "the search page, or click[...] on a label shown in [brackets] on this page.\n"
+                + self._render())
 
     # ---- pages ---------------------------------------------------------------------------------
     def _render(self) -> str:

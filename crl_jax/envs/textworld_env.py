@@ -120,7 +120,9 @@ class TextWorldEnv(TextEnv):
                                                options)
             else:
                 game = treasure_hunter.make(self.settings, options)
-            compiled = textworld.generator.compile_game(game, options)
+            with warnings.catch_warnings():  # compiling replays the walkthrough: same noise as _reset
+                warnings.filterwarnings("ignore", message=".*is not fully supported.*")
+                compiled = textworld.generator.compile_game(game, options)
             # The .json is renamed first: a present .z8 then implies a complete pair.
             os.replace(os.path.join(tmp, "game.json"), path[:-3] + ".json")
             os.replace(compiled, path)
@@ -147,6 +149,11 @@ class TextWorldEnv(TextEnv):
             return observation
         return observation + "\nAvailable actions: " + ", ".join(self.valid_actions())
 
+    @property
+    def invalid_action_message(self) -> str:
+        return ("Invalid action. Reply with exactly one of the available actions inside "
+                "<answer>...</answer>." + self._with_actions(""))
+
     def valid_actions(self) -> list[str]:
         if self.game_state is None:
             return []
@@ -156,8 +163,9 @@ class TextWorldEnv(TextEnv):
         action = parse_answer_tag(text)
         if action is None:
             return None
-        action = " ".join(action.lower().split())
-        return action if action in self.valid_actions() else None
+        # Admissible commands keep the game's capitals ("take Advent Calendar"); match ignoring case.
+        lookup = {" ".join(c.lower().split()): c for c in self.valid_actions()}
+        return lookup.get(" ".join(action.lower().split()))
 
     def policy_commands(self) -> list[str]:
         """The game's own optimal remaining commands from the current state (privileged)."""

@@ -57,6 +57,10 @@ def test_invalid_actions_and_goal(cache_dir):
     assert info["goal"] and info["goal"] in observation
     obs, reward, terminated, truncated, info = env.step("<answer>fly to the moon</answer>")
     assert obs.startswith("Invalid action") and info["invalid_actions"] == 1 and reward == 0.0
+    # Admissible commands may keep the game's capitals; matching ignores case both ways.
+    for command in env.valid_actions():
+        assert env.parse_action(f"<answer>{command.swapcase()}</answer>") == command
+    assert "Available actions:" in obs  # the invalid-action message repeats the choices
     obs, *_, info = env.step("<answer>LOOK</answer>")
     assert info["valid_action"] and info["action"] == "look" and obs.startswith("-=")
     *_, truncated, info = env.step("no tags at all")
