@@ -3,6 +3,8 @@
 The floor every scripted expert is compared against: each turn it picks one of `env.valid_actions()`
 uniformly, from its own seeded generator, so a run is reproducible. Environments whose actions
 include free text (a search box) supply that text through `free_text_action`.
+
+Also owns `play_episode`, the plain single-env loop the agents are measured and tested with.
 """
 
 from __future__ import annotations
