@@ -58,10 +58,22 @@ def find_smollm2_gguf() -> Path | None:
 def _open(path):
     import gguf
 
+    class PlainViewReader(gguf.GGUFReader):
+        # GGUFReader slices its np.memmap once per metadata element (~10^5 for a vocabulary), and
+        # every memmap slice runs Python-level __array_finalize__: a plain ndarray view of the same
+        # mapping reads the metadata ~5x faster with identical results.
+        @property
+        def data(self):
+            return self._plain_data
+
+        @data.setter
+        def data(self, value):
+            self._plain_data = value.view(np.ndarray)
+
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"GGUF file not found: {path}")
-    return gguf.GGUFReader(str(path))
+    return PlainViewReader(str(path))
 
 
 def read_metadata(reader) -> dict:
