@@ -6,6 +6,10 @@ and filled with random values from numpy, so the tests compile nothing."""
 
 import os
 import pathlib
+import signal
+import subprocess
+import sys
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -148,7 +152,7 @@ def _largest_device_file(directory, step):
     return max((p for p in root.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
 
 
-@pytest.mark.parametrize("damage", ["truncate", "flip", "delete"])
+@pytest.mark.parametrize("damage", ["truncate", "flip", "delete", "truncate_without_manifest"])
 def test_corrupt_latest_falls_back_to_previous(abstract, tmp_path, damage):
     directory = tmp_path / "ck"
     old, new = _random_like(abstract, 1), _random_like(abstract, 2)
@@ -157,15 +161,18 @@ def test_corrupt_latest_falls_back_to_previous(abstract, tmp_path, damage):
         c.save(2, new, {"step": 2})
     victim = _largest_device_file(directory, 2)
     data = victim.read_bytes()
-    if damage == "truncate":
+    if damage.startswith("truncate"):
         victim.write_bytes(data[: len(data) // 2])
+        if damage == "truncate_without_manifest":  # then Orbax's own read error is the signal
+            (directory / "2" / ckpt.MANIFEST).unlink()
     elif damage == "flip":  # same size: only the checksum can tell (Orbax restores it silently)
         victim.write_bytes(data[:100] + bytes([data[100] ^ 1]) + data[101:])
     else:
         victim.unlink()
 
     c = ckpt.Checkpointer(directory)  # a restarted run
-    with pytest.warns(ckpt.CorruptCheckpointWarning, match=r"step 2 .*unusable: file device/"):
+    why = "device arrays unreadable" if damage.endswith("manifest") else "file device/"
+    with pytest.warns(ckpt.CorruptCheckpointWarning, match=f"step 2 .*unusable: {why}"):
         step, restored, host = c.restore(_target_of(old))
     assert (step, host) == (1, {"step": 1})
     _assert_identical(restored, old)
@@ -178,21 +185,52 @@ def test_corrupt_latest_falls_back_to_previous(abstract, tmp_path, damage):
     c.close()
 
 
-def test_no_valid_step_and_unfinished_save(states, tmp_path):
+_KILLED_SAVE = """
+import os, signal, sys
+import jax, numpy as np
+from crl_jax import checkpoint as ckpt
+c = ckpt.Checkpointer(sys.argv[1])
+c.save(1, {"w": jax.numpy.arange(64.0)}, {"step": 1})
+c.wait()
+# Die the moment step 2's arrays and host state are all written, just before it is finalised.
+ckpt._write_manifest = lambda *a: os.kill(os.getpid(), signal.SIGKILL)
+c.save(2, {"w": jax.numpy.arange(64.0) + 1}, {"step": 2})
+c.wait()
+print("unreachable")
+"""
+
+
+def test_killed_save_never_counts(tmp_path):
+    directory = tmp_path / "ck"
+    proc = subprocess.run([sys.executable, "-c", _KILLED_SAVE, str(directory)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    assert any(n.startswith("2" + ckpt._TMP_SUFFIX) for n in os.listdir(directory))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ckpt.CorruptCheckpointWarning)
+        c = ckpt.Checkpointer(directory)
+        assert c.all_steps() == [1]
+        target = {"w": jax.ShapeDtypeStruct((64,), jnp.float32,
+                                            sharding=jax.sharding.SingleDeviceSharding(jax.devices()[0]))}
+        step, restored, host = c.restore(target)
+    assert (step, host) == (1, {"step": 1})
+    np.testing.assert_array_equal(restored["w"], np.arange(64.0))
+    c.save(2, {"w": jnp.zeros(64)}, {"step": 2})  # the step number is free again
+    c.close()
+    assert sorted(os.listdir(directory)) == ["1", "2"]  # the partial save was cleaned up
+
+
+def test_no_valid_step(states, tmp_path):
     directory = tmp_path / "ck"
     with ckpt.Checkpointer(directory, async_save=False) as c:
         with pytest.raises(ckpt.CheckpointError, match="no checkpoint"):
             c.restore(states)
         c.save(1, states, {})
-    # A save killed before finalisation leaves only Orbax's temporary directory: never listed.
-    (directory / f"2{ckpt._TMP_SUFFIX}" / ckpt.DEVICE_ITEM).mkdir(parents=True)
     (directory / "1" / ckpt.HOST_ITEM / "metadata").write_text("{")
-    c = ckpt.Checkpointer(directory)
-    assert c.all_steps() == [1]
-    with pytest.warns(ckpt.CorruptCheckpointWarning), \
-            pytest.raises(ckpt.CheckpointError, match=r"no valid checkpoint .*step 1: file host/"):
-        c.restore(states)
-    c.close()
+    with ckpt.Checkpointer(directory) as c:
+        with pytest.warns(ckpt.CorruptCheckpointWarning), pytest.raises(
+                ckpt.CheckpointError, match=r"no valid checkpoint .*step 1: file host/metadata"):
+            c.restore(states)
 
 
 def test_config_digest_mismatch(states, tmp_path):
