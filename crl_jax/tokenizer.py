@@ -124,7 +124,7 @@ class Tokenizer:
             template = next((t["template"] for t in template if t.get("name") == "default"), None)
         if template is None and (folder / "chat_template.jinja").is_file():
             template = (folder / "chat_template.jinja").read_text()
-        generation_eos = _read_json(folder / "generation_config.json").get("eos_token_id", [])
+        generation_eos = _read_json(folder / "generation_config.json").get("eos_token_id") or []
         eos = _token_text(config.get("eos_token"))
         if eos is None:
             raise ValueError(f"{folder}/tokenizer_config.json names no eos_token")
@@ -202,7 +202,8 @@ class Tokenizer:
             ids = [start, *self.encode(f"{role}\n{message['content']}"), end, *newline]
             return ids, [False] * len(ids)
         header = [start, *self.encode("assistant\n")]
-        content = [int(i) for i in message.get("token_ids", None) or self.encode(message["content"])]
+        sampled = message.get("token_ids")
+        content = [int(i) for i in (self.encode(message["content"]) if sampled is None else sampled)]
         if not content or content[-1] != end:
             content.append(end)
         return header + content + newline, [False] * len(header) + [True] * len(content) + [False] * len(newline)

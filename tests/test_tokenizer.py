@@ -131,7 +131,7 @@ def test_sampled_token_ids_are_used_verbatim(word_tok):
     """An assistant turn carrying the ids it was sampled as is not re-tokenised from its text."""
     sampled = [word_tok.token_id(t) for t in ("<answer>", "north", " north", "</answer>", IM_END)]
     conversation = [{"role": "user", "content": "Go north."},
-                    {"role": "assistant", "content": "ignored text", "token_ids": sampled}]
+                    {"role": "assistant", "content": "ignored text", "token_ids": np.asarray(sampled)}]
     enc = word_tok.encode_chat(conversation)
     assert enc.ids[enc.assistant_mask].tolist() == sampled  # no second end token appended
     prefix = word_tok.encode_chat(conversation[:1], add_generation_prompt=True).ids.tolist()
@@ -183,6 +183,11 @@ def test_stop_sequences(word_tok, bpe_folder):
     assert word_tok.stop_sequences(["</answer>", IM_END]) == (
         (word_tok.token_id("</answer>"),), (word_tok.eos_id,))
     bpe = Tokenizer.load(bpe_folder)
+    assert bpe.stop_ids == (bpe.token_id(IM_END),)
+    # Instruct checkpoints list several end ids in generation_config.json (Qwen2.5: <|im_end|>, <|endoftext|>).
+    (bpe_folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 0]}))
+    assert Tokenizer.load(bpe_folder).stop_ids == (2, 0)
+    (bpe_folder / "generation_config.json").unlink()
     sequences = bpe.stop_sequences(["</answer>"])
     assert tuple(bpe.encode("</answer>")) in sequences
     for seq in sequences:  # every spelling decodes back to the stop string
