@@ -77,6 +77,11 @@ LEGEND = (
     "| or - in a wall gap may be an open door; ( an item such as a key; ` boulder; } water; "
     "^ a trap you have found; letters (a-z, A-Z) are monsters; a blank is rock or unseen."
 )
+_SYMBOLS = (
+    ("@", "you"), (".", "floor"), (">", "stairs down (goal)"), ("<", "stairs up"),
+    ("|", "wall or open door"), ("-", "wall or open door"), ("+", "closed door"), ("(", "item"),
+    ("`", "boulder"), ("}", "water"), ("^", "trap"), ("#", "corridor"),
+)
 _OBS_KEYS = ("glyphs", "chars", "chars_crop", "message", "blstats", "inv_strs")
 
 
@@ -138,8 +143,14 @@ class MiniHackEnv(TextEnv):
     # ---- rendering -------------------------------------------------------------------------------
     def render_observation(self, obs: dict[str, np.ndarray]) -> str:
         message = _decode(obs["message"]).strip() or "(no message)"
-        crop = "\n".join(_decode(row) for row in obs["chars_crop"])
-        return f"Message: {message}\nMap around you:\n{crop}"
+        rows = [_decode(row) for row in obs["chars_crop"]]
+        crop = "\n".join(rows)
+        # Each observation names the symbols it shows (the full legend is in the system prompt).
+        present = set("".join(rows))
+        legend = [f"{sym} {what}" for sym, what in _SYMBOLS if sym in present]
+        if any(c.isalpha() for c in present):
+            legend.append("letters monsters")
+        return f"Message: {message}\nMap around you:\n{crop}\nLegend: {'; '.join(legend)}"
 
     @property
     def player_xy(self) -> tuple[int, int]:
