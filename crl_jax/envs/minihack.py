@@ -215,7 +215,8 @@ class MiniHackEnv(TextEnv):
             self._shadow.update(des)
         obs = self._seed_and_reset(self._shadow, self._seed)
         if tuple(obs["blstats"][:2]) != tuple(self.last_obs["blstats"][:2]) and self._turn == 0:
-            raise RuntimeError(f"{self.name}: hidden map disagrees with the game for seed {self._seed}")
+            raise RuntimeError(
+                f"{self.name}: hidden map disagrees with the game for seed {self._seed}")
         return np.vectorize(chr)(obs["chars"])
 
     def close(self) -> None:

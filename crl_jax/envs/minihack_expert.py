@@ -63,7 +63,8 @@ class MiniHackExpert(ScriptedAgent):
         floor = set(self.floor)
         if self.door is not None and door_open:
             floor.add(self.door)
-        return pp.PushWorld(frozenset(floor), pp.DIRS8, frozenset({self.stairs} if self.stairs else ()))
+        no_box = frozenset({self.stairs} if self.stairs else ())
+        return pp.PushWorld(frozenset(floor), pp.DIRS8, no_box)
 
     def _legal(self, pos, d) -> bool:
         """NetHack forbids diagonal steps into or out of a doorway."""
@@ -190,7 +191,7 @@ class MiniHackExpert(ScriptedAgent):
         world = pp.PushWorld(floor, pp.DIRS8, frozenset({self.stairs}),
                              push_dirs=tuple(d for d in pp.DIRS8 if d[0] >= 0))
         stairs = self.stairs
-        xs = sorted({x for x, _ in self.floor if any(c[0] == x for c in _cells(self._river_map(), "}"))})
+        xs = sorted({x for x, _ in _cells(self._river_map(), "}")})
         near_x, far_x = xs[0], xs[-1]
 
         def heuristic(bs, ws):

@@ -4,8 +4,8 @@ Owns: stepping B (env, agent) episodes in lock-step turns, with every env call (
 that env's own daemon thread and awaited with a timeout. An env that raises or overruns the timeout
 ends *its own* episode as failed, with the reason recorded; the rest of the batch goes on. A hung
 env's thread is abandoned (daemon threads do not block interpreter exit) and that env object is
-never called again by this batch; it may still be running, so callers must not reuse it. Actions come either from per-episode `ScriptedAgent`s or from one batched
-policy `policy(observations, infos) -> action texts` (how an LLM actor plugs in).
+never called again by this batch; it may still be running, so callers must not reuse it.
+Actions come either from per-episode `ScriptedAgent`s or from one batched policy `policy(observations, infos) -> action texts` (how an LLM actor plugs in).
 
 Returns one `EpisodeRecord` per episode: success, turns, reason, reward and the transcript.
 """
@@ -36,7 +36,7 @@ class EpisodeRecord:
     # [{"observation": str, "action": str | None, "reward": float}], first entry is the reset.
     transcript: list = dataclasses.field(default_factory=list)
     env_steps: int = 0
-    # Wall time of the batched env calls this episode took part in (the batch waits for its slowest).
+    # Wall time of the batched env calls this episode took part in (a batch waits for its slowest).
     env_seconds: float = 0.0
 
     @property
@@ -135,7 +135,8 @@ def run_batch(
         for i, (observation, info) in resets.items():
             obs[i], infos[i] = observation, info
             records[i].goal = info.get("goal", "")
-            records[i].transcript.append({"observation": observation, "action": None, "reward": 0.0})
+            records[i].transcript.append(
+                {"observation": observation, "action": None, "reward": 0.0})
             records[i].env_seconds += reset_s
             if agents is not None:
                 try:
@@ -149,7 +150,8 @@ def run_batch(
             if policy is not None:
                 texts = policy([obs[i] for i in order], [infos[i] for i in order])
                 if len(texts) != len(order):
-                    raise ValueError(f"policy returned {len(texts)} actions for {len(order)} episodes")
+                    raise ValueError(
+                        f"policy returned {len(texts)} actions for {len(order)} episodes")
                 actions = dict(zip(order, texts))
             else:
                 for i in order:
@@ -172,7 +174,8 @@ def run_batch(
                                        "reward": float(reward)})
                 obs[i], infos[i] = observation, info
                 if terminated or truncated:
-                    finish(i, "success" if rec.success else ("truncated" if truncated else "terminated"))
+                    ending = "truncated" if truncated else "terminated"
+                    finish(i, "success" if rec.success else ending)
             for i in calls:
                 if i not in results:
                     records[i].turns += 1  # the failed turn still counts

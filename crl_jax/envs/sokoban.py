@@ -51,7 +51,8 @@ def generate_level(seed: int, size: int = 6, num_boxes: int = 2, pull_steps: int
                 boxes.add(player)
             player = ahead
             if not (boxes & targets):
-                score = sum(min(abs(b[0] - t[0]) + abs(b[1] - t[1]) for t in targets) for b in boxes)
+                score = sum(min(abs(b[0] - t[0]) + abs(b[1] - t[1]) for t in targets)
+                            for b in boxes)
                 if best is None or score > best[0]:
                     best = (score, frozenset(boxes), player)
         if best is not None and best[0] >= 2:
@@ -122,7 +123,8 @@ class SokobanEnv(TextEnv):
         return "\n".join(rows)
 
     def _reset(self, seed: int):
-        self.walls, self.targets, boxes, self.player = generate_level(seed, self.size, self.num_boxes)
+        level = generate_level(seed, self.size, self.num_boxes)
+        self.walls, self.targets, boxes, self.player = level
         self.boxes = set(boxes)
         goal = f"Push all {self.num_boxes} boxes (X) onto the targets (O)."
         return self.render(), goal, {}
