@@ -168,6 +168,14 @@ class Checkpointer:
     `digest` (see `config_digest`) is stored with every step; `restore` refuses a step whose
     digest differs unless `ignore_digest=True`. `checksums=False` keeps only file sizes in the
     manifest, for checkpoints too large to hash at every save (truncation is still caught).
+
+    Typical resume (the target needs shapes, dtypes and shardings, not values):
+
+        abstract = jax.eval_shape(build_states)             # {"actor": TrainState, ...}
+        target = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                              abstract, shardings_of(abstract))
+        if ckpt.latest_step() is not None:
+            step, states, host = ckpt.restore(target)
     """
 
     def __init__(self, directory, max_to_keep: int = 3, async_save: bool = True,
@@ -299,7 +307,7 @@ class Checkpointer:
         except Exception as e:
             return None, f"host state unreadable ({type(e).__name__}: {str(e)[:200]})"
         saved = host_doc.get("config_digest")
-        if not ignore_digest and self.digest is not None and saved is not None and saved != self.digest:
+        if not ignore_digest and None not in (self.digest, saved) and saved != self.digest:
             raise ConfigMismatchError(
                 f"checkpoint step {step} in {self.directory} was saved with config digest {saved}, "
                 f"the current config has {self.digest}; resume with the original config, choose "

@@ -108,10 +108,12 @@ def test_round_trip_exact(states, tmp_path):
 
 def test_sharded_round_trip_onto_target_shardings(abstract, tmp_path):
     def shardings_on(mesh):
+        replicated = sharding.logical_sharding(mesh, None)
+        bank_axes = bank_lib.bank_logical_axes()
         return {"actor": state_shardings(mesh, abstract["actor"]),
                 "extractor": state_shardings(mesh, abstract["extractor"]),
-                "bank": sharding.tree_shardings(mesh, abstract["bank"], bank_lib.bank_logical_axes()),
-                "misc": jax.tree.map(lambda _: sharding.logical_sharding(mesh, None), abstract["misc"])}
+                "bank": sharding.tree_shardings(mesh, abstract["bank"], bank_axes),
+                "misc": jax.tree.map(lambda _: replicated, abstract["misc"])}
 
     tree = _random_like(abstract, 1, shardings_on(sharding.make_mesh((1, 2, 4))))
     assert sum(not x.sharding.is_fully_replicated for x in jax.tree.leaves(tree)) > 10
@@ -130,18 +132,18 @@ def test_sharded_round_trip_onto_target_shardings(abstract, tmp_path):
 
 def test_keep_last_n_and_async_save(abstract, states, tmp_path):
     c = ckpt.Checkpointer(tmp_path / "ck", max_to_keep=2, async_save=True)
-    versions = {}
     for step in (1, 2, 3, 4):
-        versions[step] = _random_like(abstract, 10 + step)
-        host = {"step": step}
-        c.save(step, versions[step], host)
-        host["step"] = -1  # mutating after save must not reach the checkpoint
+        tree, host = _random_like(abstract, 10 + step), {"step": step}
+        c.save(step, tree, host)
+        # Neither mutating the host dict nor donating the arrays after save reaches the files.
+        host["step"] = -1
+        jax.tree.map(lambda x: x.delete(), tree)
     c.wait()
     assert c.all_steps() == [3, 4]
     assert sorted(os.listdir(tmp_path / "ck")) == ["3", "4"]
     step, restored, host = c.restore(states)  # live arrays work as a target too
     assert (step, host) == (4, {"step": 4})
-    _assert_identical(restored, versions[4])
+    _assert_identical(restored, _random_like(abstract, 14))
     with pytest.raises(ValueError, match="steps must increase"):
         c.save(4, states, {})
     c.close()
@@ -210,8 +212,8 @@ def test_killed_save_never_counts(tmp_path):
         warnings.simplefilter("error", ckpt.CorruptCheckpointWarning)
         c = ckpt.Checkpointer(directory)
         assert c.all_steps() == [1]
-        target = {"w": jax.ShapeDtypeStruct((64,), jnp.float32,
-                                            sharding=jax.sharding.SingleDeviceSharding(jax.devices()[0]))}
+        one_device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        target = {"w": jax.ShapeDtypeStruct((64,), jnp.float32, sharding=one_device)}
         step, restored, host = c.restore(target)
     assert (step, host) == (1, {"step": 1})
     np.testing.assert_array_equal(restored["w"], np.arange(64.0))
