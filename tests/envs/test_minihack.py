@@ -96,3 +96,20 @@ def test_privileged_map_is_the_same_level(envs):
 def test_unknown_task_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown MiniHack task"):
         make("minihack/room-ultimate-5x5", task="nope")
+
+
+def test_threaded_batch_replays_serial_games():
+    from crl_jax.envs.runner import run_batch
+
+    names = ["minihack/room-ultimate-5x5", "minihack/mazewalk-9x9", "minihack/keyroom-dark-s5"]
+    batch = [make(n) for n in names]
+    records = run_batch(batch, [21, 22, 23], agents=[expert_for(e) for e in batch],
+                        step_timeout_s=30)
+    for env in batch:
+        env.close()
+    for name, seed, rec in zip(names, [21, 22, 23], records):
+        assert rec.success, f"{name} seed {seed}: {rec.reason}"
+        serial = make(name)
+        observations, _, _ = _play(serial, expert_for(serial), seed)
+        serial.close()
+        assert observations == [step["observation"] for step in rec.transcript]
