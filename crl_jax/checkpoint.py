@@ -154,6 +154,15 @@ def _abstract_target(target: Any) -> Any:
     return abstract
 
 
+def _brief(e: BaseException) -> str:
+    """One line for an error: its innermost cause (Orbax wraps TensorStore's precise message in
+    a generic one that prints a whole store spec)."""
+    while (e.__cause__ or e.__context__) is not None:
+        e = e.__cause__ or e.__context__
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return f"{type(e).__name__}: {' | '.join(lines)[:600]}"
+
+
 def _agree(flag: bool) -> bool:
     """Process 0's verdict, shared with every process so all of them restore the same step."""
     if jax.process_count() == 1:
@@ -305,7 +314,7 @@ class Checkpointer:
             host_doc = self._mgr.restore(step, args=ocp.args.Composite(
                 **{HOST_ITEM: ocp.args.JsonRestore()}))[HOST_ITEM]
         except Exception as e:
-            return None, f"host state unreadable ({type(e).__name__}: {str(e)[:200]})"
+            return None, f"host state unreadable ({_brief(e)})"
         saved = host_doc.get("config_digest")
         if not ignore_digest and None not in (self.digest, saved) and saved != self.digest:
             raise ConfigMismatchError(
@@ -316,7 +325,7 @@ class Checkpointer:
             device_tree = self._mgr.restore(step, args=ocp.args.Composite(
                 **{DEVICE_ITEM: ocp.args.StandardRestore(abstract)}))[DEVICE_ITEM]
         except Exception as e:
-            reason = f"{type(e).__name__}: {str(e)[:300]}"
+            reason = _brief(e)
             if verified:
                 raise CheckpointError(
                     f"checkpoint step {step} in {self.directory} is intact but does not fit the "
