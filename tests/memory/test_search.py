@@ -112,3 +112,19 @@ def test_bad_inputs_are_clear():
         search(b, np.zeros((2, 4)), np.array([0, 2]), jax.random.key(0), 0, cfg=SearchConfig())
     with pytest.raises(ValueError, match="demote_prob"):
         SearchConfig(demote_prob=2)
+
+
+def test_sharded_bank_updates_equal_unsharded():
+    rng = np.random.default_rng(2)
+    b = random_bank(rng, 2, 8 * 4, 16, 0.9)
+    mesh = sharding.make_mesh()
+    sharded = jax.device_put(b, sharding.tree_shardings(mesh, b, bk.bank_logical_axes()))
+    keys = rng.normal(size=(6, 16)).astype(np.float32)
+    tasks = np.array([0, 1, 0, 0, 1, 0], np.int32)
+    change = jax.jit(bk.apply_changes)
+    doomed = np.array([int(b.entry_id[0][b.valid[0]][0]), -1], np.int32)
+    want = jax.device_get(change(b, doomed, keys, tasks, 11))
+    got = change(sharded, doomed, keys, tasks, 11)
+    assert got[0].keys.sharding.spec[1] == "fsdp", "the bank stays sharded through updates"
+    for x, y in zip(jax.tree.leaves(jax.device_get(got)), jax.tree.leaves(want)):
+        np.testing.assert_array_equal(x, y)
