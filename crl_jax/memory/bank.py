@@ -63,11 +63,13 @@ def init_bank(num_tasks: int, capacity: int, dim: int, dtype=jnp.float32) -> Ban
     if num_tasks < 1 or capacity < 1 or dim < 1:
         raise ValueError(f"bank needs num_tasks, capacity, dim >= 1, got {num_tasks}, {capacity}, {dim}")
     shape = (num_tasks, capacity)
-    never = jnp.full(shape, NEVER, jnp.int32)
-    zeros = jnp.zeros(shape, jnp.int32)
-    return Bank(keys=jnp.zeros((*shape, dim), dtype), valid=jnp.zeros(shape, bool), entry_id=never,
-                created_step=zeros, last_retrieved_step=never, retrieval_count=zeros,
-                train_count=zeros, last_trained_step=never, next_id=jnp.zeros((), jnp.int32))
+    # Every field gets its own buffer: the jitted bank functions donate the whole bank, and a
+    # buffer shared by two fields would be donated twice.
+    never = lambda: jnp.full(shape, NEVER, jnp.int32)  # noqa: E731
+    zeros = lambda: jnp.zeros(shape, jnp.int32)  # noqa: E731
+    return Bank(keys=jnp.zeros((*shape, dim), dtype), valid=jnp.zeros(shape, bool), entry_id=never(),
+                created_step=zeros(), last_retrieved_step=never(), retrieval_count=zeros(),
+                train_count=zeros(), last_trained_step=never(), next_id=jnp.zeros((), jnp.int32))
 
 
 def bank_logical_axes() -> Bank:

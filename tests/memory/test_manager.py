@@ -119,3 +119,14 @@ def test_prompts_strip_injection_and_number_entries():
     assert "FAILURE" in user and "<content>c</content>" not in user and "[Agent]\ngo north" in user
     assert "Memory Entry 1:\nfirst" in user and "Memory Entry 2:\nsecond" in user
     assert prompts.NO_MEMORIES in prompts.distill_messages(True, [], [])[1]["content"]
+
+
+def test_donating_bank_functions_work_on_a_fresh_bank(hash_embed):
+    from crl_jax.memory.search import SearchConfig, jit_bank_fns
+    fns = jit_bank_fns(SearchConfig(k=1), donate=True)
+    mgr = MemoryManager(MemoryConfig(tasks=("t",), capacity=4, dim=16), fns, hash_embed)
+    a = mgr.add_entry("t", "A", "x", "q", 0)
+    mgr.mark_shown([a], 1)
+    mgr.mark_trained([a], 2)
+    row = mgr.snapshot_json()["entries"][0]
+    assert (row["retrieval_count"], row["train_count"]) == (1, 1)
