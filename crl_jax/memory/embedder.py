@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import os
+import threading
 from collections.abc import Callable, Sequence
 
 import jax
@@ -50,9 +51,13 @@ class Embedder:
         self._cache: collections.OrderedDict[str, np.ndarray] = collections.OrderedDict()
         self.hits = self.misses = 0
         self.shapes_seen: set[tuple[int, int]] = set()
+        self._lock = threading.Lock()   # the rollout and a background distillation share one cache
 
     def __call__(self, texts: Sequence[str]) -> np.ndarray:
-        texts = list(texts)
+        with self._lock:
+            return self._call(list(texts))
+
+    def _call(self, texts: list[str]) -> np.ndarray:
         bad = [type(t).__name__ for t in texts if not isinstance(t, str)]
         if bad:
             raise TypeError(f"Embedder takes strings, got {bad[:3]}")
@@ -75,7 +80,8 @@ class Embedder:
         return out
 
     def clear_cache(self) -> None:
-        self._cache.clear()
+        with self._lock:
+            self._cache.clear()
 
     def _remember(self, text: str, vec: np.ndarray) -> None:
         if self.cache_size == 0:

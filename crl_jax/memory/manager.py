@@ -10,6 +10,12 @@ Every change is validated in full before anything is written; the device call th
 cannot fail on validated input, and the text store is then updated from its exact result
 (assigned ids, evicted ids).
 
+Thread safety: one re-entrant lock (`manager.lock`) guards the bank and the text store, so
+distillation may run in a background thread while the rollout retrieves. Slow work (parsing,
+embedding, merge generations) happens outside the lock; merge commits re-check, under the lock,
+that the entries they replace still exist. Code reading `manager.bank` directly (e.g. for Eq. 7
+weights) should hold `manager.lock`, since the jitted functions donate the old bank.
+
 Legend: B queries, E embedding, A entries added in one call, D entry ids deleted in one call.
 """
 
@@ -17,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import threading
 from collections.abc import Callable, Sequence
 
 import jax
@@ -72,6 +79,7 @@ class MemoryManager:
         self.store = store if store is not None else TextStore()
         self.task_index = {t: i for i, t in enumerate(cfg.tasks)}
         self.reasons: collections.Counter[str] = collections.Counter()
+        self.lock = threading.RLock()
 
     def _task(self, task: str) -> int:
         if task not in self.task_index:
@@ -98,25 +106,29 @@ class MemoryManager:
         q[:len(queries)] = self._keys(queries)
         t = np.zeros((b,), np.int32)
         t[:len(tasks)] = [self._task(x) for x in tasks]
-        result = jax.device_get(self.fns.search(self.bank, q, t, rng, np.int32(step)))
-        return [[self.store[i] for i in row if i != NEVER] for row in result.entry_ids[:len(queries)]]
+        with self.lock:
+            result = jax.device_get(self.fns.search(self.bank, q, t, rng, np.int32(step)))
+            return [[self.store[i] for i in row if i != NEVER] for row in result.entry_ids[:len(queries)]]
 
     def mark_shown(self, entry_ids: Sequence[int], step: int) -> None:
         """Count entries as shown to the actor (one count per rollout that saw it)."""
         ids = [int(i) for i in entry_ids if int(i) != NEVER]
         if ids:
-            self.bank = self.fns.mark_retrieved(self.bank, _padded_ids(ids, _bucket(len(ids))), np.int32(step))
+            with self.lock:
+                self.bank = self.fns.mark_retrieved(self.bank, _padded_ids(ids, _bucket(len(ids))), np.int32(step))
 
     def mark_trained(self, entry_ids: Sequence[int], step: int) -> None:
         ids = [int(i) for i in entry_ids if int(i) != NEVER]
         if ids:
-            self.bank = self.fns.mark_trained(self.bank, _padded_ids(ids, _bucket(len(ids))), np.int32(step))
+            with self.lock:
+                self.bank = self.fns.mark_trained(self.bank, _padded_ids(ids, _bucket(len(ids))), np.int32(step))
 
     # ---- writes ----------------------------------------------------------------------------
 
     def _commit(self, task: str, remove: Sequence[int], new: Sequence[tuple[str, str, str, Generation | None]],
                 keys: np.ndarray, step: int) -> list[int]:
-        """Delete `remove` and add `new` (title, content, query, generation) with `keys` [A, E]."""
+        """Delete `remove` and add `new` (title, content, query, generation) with `keys` [A, E].
+        The caller holds the lock and has checked that every id in `remove` exists."""
         tid = self._task(task)
         a = _bucket(len(new))
         padded_keys = np.zeros((a, self.cfg.dim), np.float32)
@@ -138,35 +150,39 @@ class MemoryManager:
         Memory Entry 1..n. Returns (reason, ids of the entries written)."""
         self._task(task)
         parsed = ops.parse_operations(output, len(retrieved_ids))
-        reason = parsed.reason
-        if parsed.ops:
-            # dict.fromkeys: the same entry may have been shown twice; delete it once.
-            targets = list(dict.fromkeys(int(retrieved_ids[t]) for op in parsed.ops for t in op.targets))
-            if any(t not in self.store for t in targets):
-                reason = "stale_target"    # a target was deleted or evicted since it was shown
-            elif any(self.store[t].task != task for t in targets):
-                reason = "foreign_target"
-        self.reasons[reason] += 1
-        if reason != "ok":
-            return reason, []
-        new = [(op.title, op.content, query, generation) for op in parsed.ops]
-        keys = np.repeat(self._keys([query]), len(new), axis=0)
-        return reason, self._commit(task, targets, new, keys, step)
+        keys = self._keys([query]) if parsed.ops else None        # embedding happens unlocked
+        with self.lock:
+            reason = parsed.reason
+            if parsed.ops:
+                # dict.fromkeys: the same entry may have been shown twice; delete it once.
+                targets = list(dict.fromkeys(int(retrieved_ids[t]) for op in parsed.ops for t in op.targets))
+                if any(t not in self.store for t in targets):
+                    reason = "stale_target"    # a target was deleted or evicted since it was shown
+                elif any(self.store[t].task != task for t in targets):
+                    reason = "foreign_target"
+            self.reasons[reason] += 1
+            if reason != "ok":
+                return reason, []
+            new = [(op.title, op.content, query, generation) for op in parsed.ops]
+            return reason, self._commit(task, targets, new, np.repeat(keys, len(new), axis=0), step)
 
     def delete_entries(self, entry_ids: Sequence[int], step: int) -> int:
         """Remove entries by id (unknown ids are an error, so nothing is half-done)."""
         ids = list(dict.fromkeys(int(i) for i in entry_ids))
-        missing = [i for i in ids if i not in self.store]
-        if missing:
-            raise KeyError(f"cannot delete entry ids {missing}: not in the bank")
-        if ids:
-            self._commit(self.store[ids[0]].task, ids, [], np.zeros((0, self.cfg.dim), np.float32), step)
+        with self.lock:
+            missing = [i for i in ids if i not in self.store]
+            if missing:
+                raise KeyError(f"cannot delete entry ids {missing}: not in the bank")
+            if ids:
+                self._commit(self.store[ids[0]].task, ids, [], np.zeros((0, self.cfg.dim), np.float32), step)
         return len(ids)
 
     def add_entry(self, task: str, title: str, content: str, query: str, step: int,
                   generation: Generation | None = None) -> int:
         """Write one entry directly (seeding a bank, tests)."""
-        ids = self._commit(task, [], [(title, content, query, generation)], self._keys([query]), step)
+        keys = self._keys([query])
+        with self.lock:
+            ids = self._commit(task, [], [(title, content, query, generation)], keys, step)
         return ids[0] if ids else NEVER
 
     # ---- merge -----------------------------------------------------------------------------
@@ -180,7 +196,8 @@ class MemoryManager:
     def merge_task(self, task: str, step: int, generate: MergeGenerate) -> tuple[int, int]:
         """Sliding chunked merge over one task's entries, oldest first; the items a call keeps are
         carried into the next call. Returns (entries removed, entries written)."""
-        entries = sorted((e for e in self.store if e.task == task), key=lambda e: e.entry_id)
+        with self.lock:
+            entries = sorted((e for e in self.store if e.task == task), key=lambda e: e.entry_id)
         if len(entries) < 2:
             return 0, 0
         consumed: list[int] = []
@@ -194,7 +211,8 @@ class MemoryManager:
             items, reason = ops.parse_merge(text)
             if reason == "ok" and len(items) > len(shown):
                 reason = "too_many_items"     # a merge may only shrink or keep its inputs
-            self.reasons["merge_" + reason] += 1
+            with self.lock:
+                self.reasons["merge_" + reason] += 1
             if reason == "ok":
                 consumed += [e.entry_id for e in chunk]
                 carried = [(t, c, gen) for t, c in items]
@@ -207,26 +225,35 @@ class MemoryManager:
         texts = [f"{t}\n{c}" for t, c, _ in kept]
         keys = self._keys(texts) if kept else np.zeros((0, self.cfg.dim), np.float32)
         new = [(t, c, q, g) for (t, c, g), q in zip(kept, texts)]
-        written = self._commit(task, consumed, new, keys, step)
+        with self.lock:
+            # Generations ran unlocked: if an entry they replace is gone meanwhile (an update or an
+            # eviction), the merged text may no longer reflect the bank, so nothing is written.
+            if any(i not in self.store for i in consumed):
+                self.reasons["merge_stale"] += 1
+                return 0, 0
+            written = self._commit(task, consumed, new, keys, step)
         return len(consumed), len(written)
 
     # ---- state -----------------------------------------------------------------------------
 
     def state(self) -> tuple[Bank, dict]:
         """(bank pytree, JSON-serialisable rest) for the checkpoint."""
-        return self.bank, {"tasks": list(self.cfg.tasks), "text_store": self.store.to_json(),
-                           "reasons": dict(self.reasons)}
+        with self.lock:
+            return self.bank, {"tasks": list(self.cfg.tasks), "text_store": self.store.to_json(),
+                               "reasons": dict(self.reasons)}
 
     def restore(self, bank: Bank, state_json: dict) -> None:
         if list(state_json["tasks"]) != list(self.cfg.tasks):
             raise ValueError(f"checkpoint tasks {state_json['tasks']} != configured {list(self.cfg.tasks)}")
-        self.bank = bank
-        self.store = TextStore.from_json(state_json["text_store"])
-        self.reasons = collections.Counter(state_json.get("reasons", {}))
+        store = TextStore.from_json(state_json["text_store"])
+        with self.lock:
+            self.bank, self.store = bank, store
+            self.reasons = collections.Counter(state_json.get("reasons", {}))
 
     def snapshot_json(self) -> dict:
         """Readable dump: every entry with its bank counters (for `python -m crl_jax.memory.show`)."""
-        b = jax.device_get(self.bank)
+        with self.lock:
+            b, store, reasons = jax.device_get(self.bank), list(self.store), dict(self.reasons)
         rows = {}
         for p, s in zip(*np.nonzero(b.valid)):
             rows[int(b.entry_id[p, s])] = {
@@ -234,10 +261,10 @@ class MemoryManager:
                 "last_retrieved_step": int(b.last_retrieved_step[p, s]),
                 "train_count": int(b.train_count[p, s]), "slot": int(s)}
         entries = []
-        for e in self.store:
+        for e in store:
             d = e.to_json()
             d.pop("generation")
             d.update(rows.get(e.entry_id, {}))
             entries.append(d)
         return {"tasks": list(self.cfg.tasks), "capacity": self.cfg.capacity, "entries": entries,
-                "reasons": dict(self.reasons)}
+                "reasons": reasons}

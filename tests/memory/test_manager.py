@@ -130,3 +130,39 @@ def test_donating_bank_functions_work_on_a_fresh_bank(hash_embed):
     mgr.mark_trained([a], 2)
     row = mgr.snapshot_json()["entries"][0]
     assert (row["retrieval_count"], row["train_count"]) == (1, 1)
+
+
+def test_merge_is_dropped_when_its_entries_change_meanwhile(bank_fns, hash_embed):
+    mgr = _manager(bank_fns, hash_embed, merge_chunk=5)
+    ids = [mgr.add_entry("room", f"T{i}", f"lesson {i}", f"q{i}", 0) for i in range(3)]
+
+    def generate(messages):          # another writer deletes an entry while the merge generates
+        mgr.delete_entries([ids[0]], 5)
+        return _item("M", "merged"), None
+
+    assert mgr.merge_task("room", 5, generate) == (0, 0)
+    assert mgr.store.ids() == set(ids[1:]) and mgr.reasons["merge_stale"] == 1
+
+
+def test_concurrent_distill_and_retrieve(bank_fns, hash_embed):
+    import threading
+    mgr = _manager(bank_fns, hash_embed)
+    mgr.add_entry("room", "seed", "s", "goal", 0)
+    errors = []
+
+    def writer():
+        try:
+            for i in range(40):
+                mgr.distill("room", f"q{i % 7}", f"<answer>add(<title>t{i}</title><content>c</content>)</answer>", [], i)
+        except Exception as e:  # noqa: BLE001 - surfaced below
+            errors.append(e)
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    for i in range(40):
+        for row in mgr.retrieve(["goal", "q3"], ["room", "room"], i, jax.random.key(i)):
+            mgr.mark_shown([e.entry_id for e in row], i)
+    thread.join()
+    assert not errors
+    bank = jax.device_get(mgr.bank)
+    assert set(bank.entry_id[bank.valid].tolist()) == mgr.store.ids() and len(mgr.store) == 32
