@@ -51,6 +51,7 @@ class TrainConfig:
     old_logprobs: str = "recompute"
     logprob_chunk: int = 0                     # LM-head time chunk; 0 = whole sequence at once
     log_entropy: bool = False
+    update_actor: bool = True                  # False: "experience only", the actor stays frozen
 
     def __post_init__(self):
         problems = [f"actor_loss: {p}" for p in self.actor_loss.problems()]
@@ -141,13 +142,15 @@ def train_step(actor_state: TrainState, extractor_state: TrainState, batch: Trai
     Returns (actor_state, extractor_state, metrics); metric names are prefixed "actor/" and
     "extractor/" (the latter only when the extractor was trained).
     """
-    a = batch.actor
-    advantages = adv_lib.group_advantages(
-        a.rewards, a.group_ids, a.guided, a.valid, normalization=cfg.advantage_normalization,
-        split=cfg.advantage_split, eps=cfg.advantage_eps) * a.weights
-    actor_state, actor_metrics = _update_model(actor_state, a, advantages, cfg.actor_loss,
-                                               cfg.actor_micro_batches, cfg)
-    metrics = {f"actor/{k}": v for k, v in actor_metrics.items()}
+    metrics = {}
+    if cfg.update_actor:
+        a = batch.actor
+        advantages = adv_lib.group_advantages(
+            a.rewards, a.group_ids, a.guided, a.valid, normalization=cfg.advantage_normalization,
+            split=cfg.advantage_split, eps=cfg.advantage_eps) * a.weights
+        actor_state, actor_metrics = _update_model(actor_state, a, advantages, cfg.actor_loss,
+                                                   cfg.actor_micro_batches, cfg)
+        metrics.update({f"actor/{k}": v for k, v in actor_metrics.items()})
     if batch.extractor is not None:
         e = batch.extractor
         ext_adv = adv_lib.extractor_advantages(e.rewards, e.weights, e.valid)
