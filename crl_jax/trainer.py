@@ -121,7 +121,7 @@ class Trainer:
             extractor_loss=LossConfig("cispo", cfg.rl.cispo_eps, cfg.rl.cispo_eps, "token_mean"),
             advantage_normalization=cfg.rl.advantage_normalization,
             advantage_split=cfg.rl.advantage_split, actor_micro_batches=cfg.rl.micro_batches,
-            old_logprobs=cfg.rl.old_logprobs)
+            old_logprobs=cfg.rl.old_logprobs, update_actor=cfg.rl.train_actor)
         self._step_fns: dict[bool, object] = {}
 
         stops = self.tokenizer.stop_sequences(["</answer>", "</knowledge_search_and_ask>"])
@@ -297,8 +297,10 @@ class Trainer:
         if samples is None:
             return None
         ids = np.asarray([min(s.entry_ids) if s.entry_ids else bank_lib.NEVER for s in samples], np.int32)
-        weights = np.asarray(self._train_weights(self.experience.manager.bank, ids, np.int32(step),
-                                                 e.cooldown_steps, e.weight_power))
+        manager = self.experience.manager
+        with manager.lock:  # the bank functions donate the bank; never read it mid-write
+            weights = np.asarray(self._train_weights(manager.bank, ids, np.int32(step),
+                                                     e.cooldown_steps, e.weight_power))
         weights = np.where(ids == bank_lib.NEVER, 1.0, weights)
         self.pending_trained = sorted({i for s in samples for i in s.entry_ids})
         self._trained_at = step
@@ -309,9 +311,6 @@ class Trainer:
 
     def _update(self, trajectories, extractor_batch) -> dict:
         actor_batch = to_policy_batch(trajectories, self.cfg.rl.max_seq_len)
-        if not self.cfg.rl.train_actor:
-            # Experience only: the actor's rows are all marked invalid, so its gradient is zero.
-            actor_batch = actor_batch.replace(valid=np.zeros_like(actor_batch.valid))
         batch = TrainBatch(actor_batch, extractor_batch)
         key = extractor_batch is not None
         if key not in self._step_fns:
@@ -352,7 +351,7 @@ class Trainer:
 
     # ---- the loop --------------------------------------------------------------------------
     def host_state(self, next_step: int) -> dict:
-        state = {"next_step": next_step, "buffer": self.buffer.to_json(),
+        state = {"next_step": next_step, "buffer": self.buffer.to_json(), "carry": self._carry,
                  "stream": self.stream.state(), "pending_trained": self.pending_trained,
                  "trained_at": getattr(self, "_trained_at", 0)}
         if self.experience is not None:
@@ -386,6 +385,7 @@ class Trainer:
         self.stream.restore(host["stream"])
         self.pending_trained = list(host["pending_trained"])
         self._trained_at = int(host["trained_at"])
+        self._carry = dict(host["carry"])
         log.info("restored checkpoint of step %d from %s", step, self.checkpointer.directory)
         return int(host["next_step"])
 
@@ -395,7 +395,6 @@ class Trainer:
 
     def run(self) -> dict:
         cfg = self.cfg
-        self._carry: dict = {}
         start = self.restore()
         writer = metrics_lib.MetricsWriter(self.workdir)
         writer.resume_from(start - 1) if start > 0 else writer.resume_from(-1)

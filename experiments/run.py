@@ -1,9 +1,10 @@
 """Entry point: `python experiments/run.py --config=single_task.py [--config.key=value ...]`.
 
 `--config` takes a config file (a bare name resolves against experiments/configs/), optionally
-with a variant after a colon (`single_task.py:baseline`); `--config.section.key=value` overrides
+with variants after a colon (`single_task.py:baseline`); `--config.section.key=value` overrides
 any setting; `--workdir` chooses where checkpoints, logs and the report go. A run restarted with
-the same workdir resumes from its newest valid checkpoint.
+the same workdir resumes from its newest valid checkpoint. A bad config is reported one line per
+problem, before any compute, with exit status 2.
 
 Multi-host: set CRL_JAX_DISTRIBUTED=1 (launch_tpu.sh does) to call jax.distributed.initialize().
 """
@@ -11,39 +12,37 @@ Multi-host: set CRL_JAX_DISTRIBUTED=1 (launch_tpu.sh does) to call jax.distribut
 import os
 import sys
 
-from absl import app, flags
-from ml_collections import config_flags
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(_HERE))
 
-_CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
-sys.path.insert(0, os.path.dirname(_CONFIG_DIR))
+USAGE = __doc__.split("\n\n")[0] + "\n\nFlags: --config=FILE[:VARIANTS]  --config.KEY=VALUE ...  --workdir=DIR"
 
 
-def _resolve_config_argument(argv: list[str]) -> list[str]:
-    """Let `--config=single_task.py[:variant]` name a file in experiments/configs/."""
-    out = []
+def parse_args(argv: list[str]) -> tuple[str, list[str], str]:
+    spec, overrides, workdir = "single_task.py", [], "workdir"
     for arg in argv:
+        if arg in ("-h", "--help", "--helpshort"):
+            print(USAGE)
+            sys.exit(0)
         if arg.startswith("--config="):
-            value = arg[len("--config="):]
-            path, sep, variant = value.partition(":")
-            if not os.path.exists(path) and os.path.exists(os.path.join(_CONFIG_DIR, path)):
-                arg = f"--config={os.path.join(_CONFIG_DIR, path)}{sep}{variant}"
-        out.append(arg)
-    return out
+            spec = arg[len("--config="):]
+        elif arg.startswith("--config."):
+            overrides.append(arg[len("--config."):])
+        elif arg.startswith("--workdir="):
+            workdir = arg[len("--workdir="):]
+        else:
+            print(f"error: unknown argument {arg!r}\n{USAGE}", file=sys.stderr)
+            sys.exit(2)
+    return spec, overrides, workdir
 
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", os.path.join(_CONFIG_DIR, "single_task.py"), "Experiment config file.",
-    lock_config=True)
-flags.DEFINE_string("workdir", "workdir", "Where checkpoints, logs and the report go.")
-FLAGS = flags.FLAGS
-
-
-def main(argv):
-    del argv
-    from crl_jax.config import ConfigError, from_dict
+def main(argv: list[str]) -> None:
+    spec, overrides, workdir = parse_args(argv)
+    from crl_jax.config import ConfigError
+    from crl_jax.config_loading import load_config
 
     try:
-        cfg = from_dict(_CONFIG.value.to_dict())
+        cfg = load_config(spec, overrides, config_dir=os.path.join(_HERE, "configs"))
     except ConfigError as err:
         for problem in err.problems:
             print(f"config error: {problem}", file=sys.stderr)
@@ -54,9 +53,8 @@ def main(argv):
         jax.distributed.initialize()
     from crl_jax import trainer
 
-    trainer.main(cfg, FLAGS.workdir)
+    trainer.main(cfg, workdir)
 
 
 if __name__ == "__main__":
-    sys.argv = _resolve_config_argument(sys.argv)
-    app.run(main)
+    main(sys.argv[1:])

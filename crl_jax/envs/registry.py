@@ -26,6 +26,14 @@ _REGISTRY: dict[str, tuple[str, str, dict]] = {
 }
 
 
+def register(name: str, module: str, factory: str, **defaults) -> None:
+    """Add an environment (e.g. a user's own) under `name`; `module:factory` is imported lazily."""
+    if name in _REGISTRY and _REGISTRY[name][:2] != (module, factory):
+        raise ValueError(f"environment name {name!r} is already registered to "
+                         f"{_REGISTRY[name][0]}:{_REGISTRY[name][1]}")
+    _REGISTRY[name] = (module, factory, dict(defaults))
+
+
 def list_envs() -> list[str]:
     return sorted(_REGISTRY)
 

@@ -168,11 +168,14 @@ def make_train_step(cfg: TrainConfig, mesh: Mesh, actor_state, extractor_state, 
     batch the extractor state may be None (an actor-only step)."""
     if batch.extractor is not None and extractor_state is None:
         raise ValueError("an extractor batch needs an extractor state")
-    for name, n, part in (("actor", cfg.actor_micro_batches, batch.actor),
-                          ("extractor", cfg.extractor_micro_batches, batch.extractor)):
+    for name, n, loss, part in (
+            ("actor", cfg.actor_micro_batches, cfg.actor_loss, batch.actor),
+            ("extractor", cfg.extractor_micro_batches, cfg.extractor_loss, batch.extractor)):
         if part is not None and part.tokens.shape[0] % n:
             raise ValueError(f"{name} batch size {part.tokens.shape[0]} is not divisible by "
                              f"{name}_micro_batches={n}")
+        if part is not None and loss.kl_coef > 0 and part.ref_logprobs is None:
+            raise ValueError(f"{name}_loss.kl_coef > 0 needs ref_logprobs in the {name} batch")
     state_sh = tuple(None if s is None else state_shardings(mesh, s)
                      for s in (actor_state, extractor_state))
     batch_sh = batch_shardings(mesh, batch)

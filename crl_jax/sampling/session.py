@@ -189,5 +189,7 @@ class Conversations:
             self._history[b].extend(int(t) for t in generated)
             self._cached[b] = int(end[b])
             # Everything but the last generated token is in the cache now.
-            assert self._cached[b] == len(self._history[b]) - 1, (b, self._cached[b], len(self._history[b]))
+            if self._cached[b] != len(self._history[b]) - 1:
+                raise RuntimeError(f"row {b}: cache holds {self._cached[b]} tokens but the history "
+                                   f"has {len(self._history[b])}; the cache was modified elsewhere")
         return result

@@ -1,37 +1,39 @@
-"""A tiny end-to-end configuration of the whole training loop, shared by the trainer tests."""
+"""A tiny end-to-end configuration of the whole training loop, shared by the trainer tests.
 
+Compilation dominates these runs, so they share JAX's persistent compilation cache (also handed to
+the subprocess runs through the environment).
+"""
+
+import os
+
+import jax
 import pytest
 
-from crl_jax import config
+from crl_jax import config, envs
+
+from tests.trainer.tiny_config import tiny_run
+
+envs.register("test/coin", "tests.trainer.coin_env", "CoinEnv")
 
 
-def tiny_run(**sections) -> dict:
-    """A run small enough for CI: nano models, household env (pure Python), 2 groups of 4."""
-    base = {
-        "tasks": ("household/v1",),
-        "steps": 4,
-        "seed": 0,
-        "actor": {"preset": "nano"},
-        "extractor_model": {"preset": "nano"},
-        "rollout": {"groups_per_step": 2, "group_size": 4, "free_per_group": 2, "max_turns": 3,
-                    "max_new_tokens": 8, "cache_length": 512, "max_tool_uses": 1},
-        "memory": {"warmup_steps": 1, "merge_every": 2, "capacity": 64},
-        "extractor": {"batch_size": 2, "max_new_tokens": 16, "cache_length": 1024},
-        "rl": {"learning_rate": 1e-3, "extractor_learning_rate": 1e-3, "max_seq_len": 512},
-        "eval": {"every": 0, "tasks_per_env": 2},
-        "checkpoint": {"every": 1, "keep": 3},
-        "mesh_shape": (1, -1, 1),
-    }
-    for name, value in sections.items():
-        if isinstance(value, dict):
-            base[name] = {**base.get(name, {}), **value}
-        else:
-            base[name] = value
-    return base
+@pytest.fixture(scope="session")
+def compile_cache(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("jax_cache"))
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    return path
 
 
 @pytest.fixture
-def make_config():
+def make_config(compile_cache):
     def make(**sections):
         return config.from_dict(tiny_run(**sections))
     return make
+
+
+def subprocess_env(cache_dir: str) -> dict:
+    env = dict(os.environ)
+    env.update(JAX_COMPILATION_CACHE_DIR=cache_dir, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+               JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0", JAX_PLATFORMS="cpu")
+    return env

@@ -1,0 +1,103 @@
+"""experiments/run.py end to end: bad configs, exact resume after SIGKILL, corrupt checkpoints."""
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.trainer.conftest import subprocess_env
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RUN = os.path.join(ROOT, "experiments", "run.py")
+TINY = os.path.join(ROOT, "tests", "trainer", "tiny_config.py")
+
+MALFORMED = [
+    ["--config.steps=0"],
+    ["--config.rollout.group_size=-1"],
+    ["--config.rollout.group_size=abc"],
+    ["--config.tasks=('nope/env',)"],
+    ["--config.rl.advantage_split=median"],
+    ["--config.rollout.free_per_group=9"],
+    ["--config.actor.dtype=float64"],
+    ["--config.rollout.max_new_tokens=5000"],
+    ["--config.rollout.bogus=1"],
+    ["--config=single_task.py:no_such_variant"],
+    ["--config=no_such_file.py"],
+    ["--config.memory.demote_probability=2.0"],
+]
+
+
+@pytest.mark.parametrize("args", MALFORMED, ids=lambda a: a[0])
+def test_malformed_config_gives_one_line_and_nonzero_exit(args, tmp_path):
+    result = subprocess.run([sys.executable, RUN, *args, f"--workdir={tmp_path}"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("config error: "), result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    assert not os.listdir(tmp_path)  # failed before any compute or file
+
+
+def run_cli(workdir, cache, steps: int, timeout=900):
+    return subprocess.Popen([sys.executable, RUN, f"--config={TINY}:{steps}", f"--workdir={workdir}"],
+                            cwd=ROOT, env=subprocess_env(cache), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def metric_rows(workdir):
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        rows = [json.loads(line) for line in f]
+    return [{k: v for k, v in r.items() if k != "time" and not k.startswith("time/")} for r in rows]
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory, compile_cache):
+    workdir = tmp_path_factory.mktemp("uninterrupted")
+    process = run_cli(workdir, compile_cache, steps=4)
+    out, _ = process.communicate(timeout=1800)
+    assert process.returncode == 0, out[-3000:]
+    return workdir
+
+
+def test_resume_after_sigkill_repeats_the_uninterrupted_run(reference_run, tmp_path, compile_cache):
+    expected = metric_rows(reference_run)
+    assert [r["step"] for r in expected] == [0, 1, 2, 3]
+    kill_after = random.Random().randint(1, 3)  # rows logged before the kill
+    process = run_cli(tmp_path, compile_cache, steps=4)
+    metrics = os.path.join(tmp_path, "metrics.jsonl")
+    deadline = time.time() + 1800
+    while time.time() < deadline and process.poll() is None:
+        if os.path.exists(metrics) and sum(1 for _ in open(metrics)) >= kill_after:
+            break
+        time.sleep(0.05)
+    assert process.poll() is None, "the run ended before it could be killed"
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    restarted = run_cli(tmp_path, compile_cache, steps=4)
+    out, _ = restarted.communicate(timeout=1800)
+    assert restarted.returncode == 0, out[-3000:]
+    assert "restored checkpoint" in out
+    assert metric_rows(tmp_path) == expected
+
+
+def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(reference_run, tmp_path,
+                                                                   compile_cache):
+    workdir = tmp_path / "run"
+    shutil.copytree(reference_run, workdir)
+    latest = workdir / "checkpoints" / "4"
+    victim = max((p for p in latest.rglob("*") if p.is_file() and p.stat().st_size > 64),
+                 key=lambda p: p.stat().st_size)
+    with open(victim, "r+b") as f:
+        f.truncate(victim.stat().st_size // 2)
+    process = run_cli(workdir, compile_cache, steps=4)
+    out, _ = process.communicate(timeout=1800)
+    assert process.returncode == 0, out[-3000:]
+    assert "checkpoint step 4" in out and "unusable" in out
+    assert "restored checkpoint of step 3" in out
+    assert metric_rows(workdir) == metric_rows(reference_run)

@@ -1,0 +1,136 @@
+"""Each method switch of the training loop does what it says (in-process, nano models)."""
+
+import json
+import os
+
+import jax
+import numpy as np
+
+from crl_jax import trainer as trainer_lib
+from crl_jax.memory import prompts
+from crl_jax.memory.text_store import Generation
+from crl_jax.rollout.trajectory import EpisodeSpec
+
+COIN = {"tasks": ("test/coin",), "steps": 4}
+# Steps 1-3 retrieve (step 0 is warm-up); 6 seeded entries keep B_phi filling every step.
+
+
+def seed_bank(trainer, task="test/coin", n=7):
+    """One entry per coin number (the observation differs per number, so does the retrieval
+    query), each from its own generation, so guided episodes retrieve several from step 1 on."""
+    tok = trainer.tokenizer
+    for i in range(n):
+        gen = Generation(tok.encode(f"Goal: guess the coin {i}"), tok.encode(f"add lesson {i}"), None,
+                         "distill")
+        query = f"goal: guess the coin, observation: Coin number {i} is in the air."
+        trainer.experience.manager.add_entry(task, f"lesson {i}", "say heads " * (i + 1), query, 0, gen)
+
+
+def params_of(state):
+    return jax.tree.map(np.asarray, jax.device_get(state.params))
+
+
+def same(a, b) -> bool:
+    return all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+def logged_rows(workdir):
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def updates_of(rows, model: str) -> list[dict]:
+    return [r for r in rows if f"{model}/loss" in r]
+
+
+def check_updated(rows, state, params_before, model: str):
+    """The model was updated on some steps, and its params moved iff an advantage was non-zero."""
+    updates = updates_of(rows, model)
+    assert updates, f"no {model} update was logged"
+    assert int(state.step) == sum(1 - r[f"{model}/skipped"] for r in updates)
+    moved = not same(params_before, params_of(state))
+    assert moved == any(r[f"{model}/advantage_abs_mean"] > 0 for r in updates)
+
+
+def test_complementary_rl_updates_both_models_and_uses_the_bank(make_config, tmp_path):
+    trainer = trainer_lib.Trainer(make_config(**COIN), str(tmp_path))
+    seed_bank(trainer)
+    actor0, extractor0 = params_of(trainer.actor_state), params_of(trainer.extractor_state)
+    trainer.run()
+    rows = logged_rows(tmp_path)
+    check_updated(rows, trainer.actor_state, actor0, "actor")
+    assert not same(actor0, params_of(trainer.actor_state))  # coin outcomes vary within groups
+    check_updated(rows, trainer.extractor_state, extractor0, "extractor")
+    assert not any("actor/loss" in r for r in rows[:1])  # step 0 is warm-up: no update
+    stats = trainer.experience.stats
+    assert stats["retrievals"] > 0 and stats["retrieval_hits"] > 0
+    assert sum(v for k, v in stats.items() if k not in ("retrievals", "retrieval_hits",
+                                                        "refinements", "entries_written")) > 0
+    snapshot = trainer.experience.manager.snapshot_json()
+    assert sum(e.get("retrieval_count", 0) for e in snapshot["entries"]) > 0
+    assert os.path.exists(os.path.join(tmp_path, "report.md"))
+
+
+def test_static_online_experience_freezes_the_extractor(make_config, tmp_path):
+    trainer = trainer_lib.Trainer(make_config(**COIN, extractor={"train": False}), str(tmp_path))
+    seed_bank(trainer)
+    actor0, extractor0 = params_of(trainer.actor_state), params_of(trainer.extractor_state)
+    trainer.run()
+    rows = logged_rows(tmp_path)
+    assert updates_of(rows, "extractor") == [] and int(trainer.extractor_state.step) == 0
+    assert same(extractor0, params_of(trainer.extractor_state))
+    check_updated(rows, trainer.actor_state, actor0, "actor")
+    assert trainer.experience.stats["retrieval_hits"] > 0
+
+
+def test_experience_only_freezes_the_actor(make_config, tmp_path):
+    trainer = trainer_lib.Trainer(make_config(**COIN, rl={"train_actor": False}), str(tmp_path))
+    seed_bank(trainer)
+    actor0, extractor0 = params_of(trainer.actor_state), params_of(trainer.extractor_state)
+    trainer.run()
+    rows = logged_rows(tmp_path)
+    assert updates_of(rows, "actor") == [] and int(trainer.actor_state.step) == 0
+    assert same(actor0, params_of(trainer.actor_state))
+    check_updated(rows, trainer.extractor_state, extractor0, "extractor")
+
+
+def test_grpo_baseline_has_no_retrieval_and_no_extractor(make_config, tmp_path):
+    cfg = make_config(**COIN, memory={"enabled": False}, rollout={"free_per_group": 4,
+                                                                  "search_and_ask": False})
+    trainer = trainer_lib.Trainer(cfg, str(tmp_path))
+    assert trainer.experience is None
+    specs = trainer._episode_specs(trainer.stream.take(2))
+    assert not any(s.guided for s in specs)
+    actor0, extractor0 = params_of(trainer.actor_state), params_of(trainer.extractor_state)
+    trainer.run()
+    rows = logged_rows(tmp_path)
+    check_updated(rows, trainer.actor_state, actor0, "actor")
+    assert not any(k.startswith(("bank/", "distill/", "eval/with_exp")) for r in rows for k in r)
+    assert same(extractor0, params_of(trainer.extractor_state))
+
+
+def test_ablations_no_merge_no_search_and_advantage_modes(make_config, tmp_path):
+    cfg = make_config(**COIN, memory={"merge_every": 0}, rollout={"search_and_ask": False},
+                      rl={"advantage_split": "batch"})
+    trainer = trainer_lib.Trainer(cfg, str(tmp_path))
+    assert trainer.train_cfg.advantage_split == "batch"
+    seed_bank(trainer)
+    merges = []
+    original = trainer.experience.manager.merge_task
+    trainer.experience.manager.merge_task = lambda *a, **k: merges.append(a) or original(*a, **k)
+    trainer.run()
+    assert merges == []
+    specs = [EpisodeSpec("test/coin", 1, 0, True), EpisodeSpec("test/coin", 1, 0, False)]
+    trajectories, _ = trainer.rollout(specs, step=3, use_memory=True, seed=0)
+    assert all(prompts.SEARCH_TOOL_TEXT not in t.messages[0]["content"] for t in trajectories)
+    assert all(t.tool_calls == 0 for t in trajectories)
+
+
+def test_merge_runs_on_schedule(make_config, tmp_path):
+    trainer = trainer_lib.Trainer(make_config(**COIN, steps=3), str(tmp_path))
+    seed_bank(trainer)
+    merges = []
+    original = trainer.experience.manager.merge_task
+    trainer.experience.manager.merge_task = lambda *a, **k: merges.append(a[1]) or original(*a, **k)
+    trainer.run()
+    assert merges == [2]  # merge_every=2: step 2 only (never at step 0)
