@@ -13,10 +13,10 @@ from crl_jax.rl.batch import PolicyBatch, TrainBatch, make_policy_batch
 from crl_jax.rl.logprobs import compute_logprobs
 from crl_jax.rl.losses import POLICY_LOSSES, LossConfig
 from crl_jax.rl.state import OptimizerConfig, TrainState, make_optimizer
-from crl_jax.rl.train_step import TrainConfig, make_train_step, train_step
+# `train_step` the function stays in its module: re-exporting it here would shadow the module.
+from crl_jax.rl.train_step import TrainConfig, make_train_step
 
 __all__ = [
     "POLICY_LOSSES", "LossConfig", "OptimizerConfig", "PolicyBatch", "TrainBatch", "TrainConfig",
     "TrainState", "compute_logprobs", "make_optimizer", "make_policy_batch", "make_train_step",
-    "train_step",
 ]
