@@ -22,10 +22,11 @@ def make_sampler(model, **spec):
 def test_eos_and_stop_sequences_stop_exactly(make_pair):
     _, model = make_pair("qwen2")
     prompts = random_prompts(np.random.default_rng(4), (5, 8, 3, 6))
-    base, params = make_sampler(model, max_new_tokens=12, cache_length=48)
+    # The same spec as the multi-turn test, so that its compiled program is reused.
+    base, params = make_sampler(model, max_new_tokens=6, cache_length=64)
     full = [list(t) for t in base.generate(params, prompts).tokens]
     # Stops chosen from the unconstrained outputs so that they are actually hit mid-generation.
-    spec = base.spec.replace(stop_sequences=(tuple(full[0][3:5]),), eos_ids=(full[1][6],))
+    spec = base.spec.replace(stop_sequences=(tuple(full[0][2:4]),), eos_ids=(full[1][3],))
     sampler = sampling.Sampler(base.graphdef, model.config, spec)
     conv = sampler.new_conversations(4)
     result = conv.step(params, prompts)
@@ -38,7 +39,7 @@ def test_eos_and_stop_sequences_stop_exactly(make_pair):
         assert result.finish_reasons[b] == reason
         # A finished row stopped advancing its cache: prompt + all generated but the last token.
         assert conv.cached_length(b) == len(prompts[b]) + len(want) - 1
-    assert len(result.tokens[0]) <= 5 and len(result.tokens[1]) <= 7
+    assert len(result.tokens[0]) <= 4 and len(result.tokens[1]) <= 4
 
 
 def test_top_k_top_p_sampling_on_the_model_is_reproducible_and_allowed(make_pair):
