@@ -114,7 +114,11 @@ def main(argv=None):
     parser.add_argument("--prompt", type=int, default=128)
     parser.add_argument("--new", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--torch-threads", type=int, default=0,
+                        help="torch intra-op threads (0: torch's default, one per core)")
     args = parser.parse_args(argv)
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
     peak = matmul_peak_gflops()
     for name in args.configs.split(","):
         cfg = CONFIGS[name]

@@ -4,6 +4,19 @@ Device side (pure, jitted): `engine.generate` (prefill a chunk + `lax.while_loop
 `methods` (greedy / temperature / top-k / top-p), `stops` (EOS ids, stop token sequences).
 Host side: `session.Sampler` and `session.Conversations` (per-row token histories, multi-turn
 continuation, overflow policies). `sizing.memory_report` sizes a run before it starts.
+
+    graphdef, params = nnx.split(models.from_pretrained(folder))
+    spec = SamplerSpec(**PAPER_ACTOR, max_new_tokens=256, cache_length=4096,
+                       eos_ids=cfg.eos_ids, stop_sequences=(answer_close_ids,),
+                       overflow="drop_oldest")
+    sampler = Sampler(graphdef, cfg, spec, mesh=mesh)
+    conv = sampler.new_conversations(batch_size=128, seed=0)
+    turn = conv.step(params, prompt_ids)            # per row: tokens, logprobs, finish reason
+    turn = conv.step(params, env_reply_ids, active=still_running)   # prefix not recomputed
+
+`logprobs` are log-softmax of the raw model logits (temperature 1) at the sampled tokens, the
+quantity the policy ratio needs; `processed_logprobs` (opt-in) are under the distribution that
+was actually sampled from.
 """
 
 from crl_jax.sampling.engine import SampleOutput, SamplerState, generate, init_state, jitted_generate

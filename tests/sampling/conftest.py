@@ -50,3 +50,18 @@ def make_pair(tmp_path_factory):
 
 def random_prompts(rng: np.random.Generator, lengths, vocab: int = VOCAB):
     return [list(map(int, rng.integers(0, vocab, n))) for n in lengths]
+
+
+@pytest.fixture(autouse=True)
+def _single_torch_thread():
+    """The transformers reference runs on one thread in these tests: tiny models gain nothing
+    from more, and OpenMP spinning makes torch very slow when the CPU is shared."""
+    try:
+        import torch
+    except ImportError:
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
