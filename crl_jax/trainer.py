@@ -150,8 +150,10 @@ class Trainer:
                 jit_bank_fns(SearchConfig(1, m.candidate_multiplier, m.diversity_lambda,
                                           m.recency_steps, 1.0, m.demote_probability), self.mesh),
                 embedder)
-            self.experience = ExperienceService(manager, ExtractorClient(ext_sampler, self.tokenizer),
-                                                cfg.seed)
+            guided_per_step = r.groups_per_step * (r.group_size - r.free_per_group)
+            self.experience = ExperienceService(
+                manager, ExtractorClient(ext_sampler, self.tokenizer, min_batch=guided_per_step),
+                cfg.seed)
         self._train_weights = jax.jit(bank_lib.train_weights)
         self.buffer = RewardBuffer()
         self.env_pool: dict[str, list] = {}

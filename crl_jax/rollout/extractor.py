@@ -21,8 +21,12 @@ def _bucket(n: int) -> int:
 class ExtractorClient:
     """Batched generation with the extractor's sampler; `params` are passed per call."""
 
-    def __init__(self, sampler: Sampler, tokenizer: Tokenizer):
+    def __init__(self, sampler: Sampler, tokenizer: Tokenizer, min_batch: int = 1):
         self.sampler = sampler
+        # Every call is padded to at least this many rows (then to a power of two), so the
+        # distillation, merge and refinement calls of a run share one compiled program per
+        # prompt length instead of one per batch size.
+        self.min_batch = min_batch
         self.tokenizer = tokenizer
         self.calls = 0
         self.generated_tokens = 0
@@ -43,7 +47,7 @@ class ExtractorClient:
             return []
         prompts = [self._prompt(m) for m in conversations]
         # Pad the batch to a power of two so the compiled sampler is reused across calls.
-        padded = prompts + [prompts[0]] * (_bucket(len(prompts)) - len(prompts))
+        padded = prompts + [prompts[0]] * (_bucket(max(len(prompts), self.min_batch)) - len(prompts))
         result = self.sampler.generate(params, padded, seed=seed)
         self.calls += 1
         out = []

@@ -56,7 +56,11 @@ def test_complementary_rl_updates_both_models_and_uses_the_bank(make_config, tmp
     trainer = trainer_lib.Trainer(make_config(**COIN), str(tmp_path))
     seed_bank(trainer)
     actor0, extractor0 = params_of(trainer.actor_state), params_of(trainer.extractor_state)
+    merges = []
+    original = trainer.experience.manager.merge_task
+    trainer.experience.manager.merge_task = lambda *a, **k: merges.append(a[1]) or original(*a, **k)
     trainer.run()
+    assert merges == [2]  # merge_every=2 over steps 0-3: step 2 only (never at step 0)
     rows = logged_rows(tmp_path)
     check_updated(rows, trainer.actor_state, actor0, "actor")
     assert not same(actor0, params_of(trainer.actor_state))  # coin outcomes vary within groups
@@ -124,13 +128,3 @@ def test_ablations_no_merge_no_search_and_advantage_modes(make_config, tmp_path)
     trajectories, _ = trainer.rollout(specs, step=3, use_memory=True, seed=0)
     assert all(prompts.SEARCH_TOOL_TEXT not in t.messages[0]["content"] for t in trajectories)
     assert all(t.tool_calls == 0 for t in trajectories)
-
-
-def test_merge_runs_on_schedule(make_config, tmp_path):
-    trainer = trainer_lib.Trainer(make_config(**COIN, steps=3), str(tmp_path))
-    seed_bank(trainer)
-    merges = []
-    original = trainer.experience.manager.merge_task
-    trainer.experience.manager.merge_task = lambda *a, **k: merges.append(a[1]) or original(*a, **k)
-    trainer.run()
-    assert merges == [2]  # merge_every=2: step 2 only (never at step 0)

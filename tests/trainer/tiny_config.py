@@ -14,7 +14,7 @@ def tiny_run(**sections) -> dict:
         "rollout": {"groups_per_step": 2, "group_size": 4, "free_per_group": 2, "max_turns": 2,
                     "max_new_tokens": 8, "cache_length": 512, "max_tool_uses": 1},
         "memory": {"warmup_steps": 1, "merge_every": 2, "capacity": 64},
-        "extractor": {"batch_size": 2, "max_new_tokens": 16, "cache_length": 1024},
+        "extractor": {"batch_size": 2, "max_new_tokens": 16, "cache_length": 512},
         "rl": {"learning_rate": 1e-2, "extractor_learning_rate": 1e-2, "max_seq_len": 512,
                "old_logprobs": "recompute"},
         "eval": {"every": 0, "tasks_per_env": 2},
