@@ -188,4 +188,7 @@ def test_config_errors_list_every_problem():
     assert len(str(err.value).splitlines()) == 4
     with pytest.raises(ValueError, match="not divisible"):
         mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
-        ts.make_train_step(ts.TrainConfig(actor_micro_batches=3), mesh, None, None, _make_batch())
+        ts.make_train_step(ts.TrainConfig(actor_micro_batches=3), mesh, None, None,
+                           batch_lib.TrainBatch(_make_batch().actor))
+    with pytest.raises(ValueError, match="needs an extractor state"):
+        ts.make_train_step(CFG, mesh, None, None, _make_batch())
