@@ -83,8 +83,10 @@ def run_transformers(torch_model, prompts: np.ndarray, new: int) -> tuple[np.nda
                                            eos_token_id=None, pad_token_id=0)
     ids = torch.tensor(prompts, dtype=torch.long)
     with torch.inference_mode():
+        warmup = transformers.GenerationConfig(do_sample=False, max_new_tokens=4, min_new_tokens=4,
+                                               eos_token_id=None, pad_token_id=0)
         torch_model.generate(input_ids=ids[:2, :8], attention_mask=torch.ones_like(ids[:2, :8]),
-                             generation_config=config.__class__(**{**config.to_dict(), "max_new_tokens": 4, "min_new_tokens": 4}))
+                             generation_config=warmup)
         start = time.perf_counter()
         out = torch_model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
                                    generation_config=config)

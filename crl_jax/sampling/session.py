@@ -132,7 +132,7 @@ class Conversations:
     def step(self, params: nnx.State, new_tokens: Sequence[Sequence[int] | None],
              active: Sequence[bool] | None = None) -> TurnResult:
         """Append new_tokens[b] to each active row (None or [] for nothing new) and generate."""
-        sampler, spec, batch = self.sampler, self.sampler.spec, self.batch_size
+        sampler, batch = self.sampler, self.batch_size
         if len(new_tokens) != batch:
             raise ValueError(f"new_tokens has {len(new_tokens)} rows, the batch has {batch}")
         active = [True] * batch if active is None else [bool(a) for a in active]

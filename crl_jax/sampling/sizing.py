@@ -79,7 +79,8 @@ def memory_report(model: str | models.DecoderConfig, batch: int, cache_length: i
     axes = models.param_logical_axes(params)
     leaves = jax.tree.leaves(jax.tree.map(
         lambda v, a: (v.value.shape, v.value.dtype.itemsize, a), params, axes,
-        is_leaf=lambda x: isinstance(x, nnx.Variable)), is_leaf=lambda x: isinstance(x, tuple) and len(x) == 3)
+        is_leaf=lambda x: isinstance(x, nnx.Variable)),
+        is_leaf=lambda x: isinstance(x, tuple) and len(x) == 3)
 
     kv_shape = (cfg.num_layers, batch, cache_length, cfg.num_kv_heads, cfg.head_dim)
     cache_axes = models.CACHE_LOGICAL_AXES
