@@ -19,14 +19,17 @@ import os
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.experimental import mesh_utils
+from jax.sharding import Mesh
 
 from crl_jax import models
 from crl_jax.rl import batch as batch_lib
 from crl_jax.rl import state as state_lib
 from crl_jax.rl import train_step as ts
 
-# HBM per chip in GiB, by the device_kind libtpu reports and by the topology-name prefix.
-HBM_GIB = {"v5p": 95.0, "v5e": 16.0, "v5litepod": 16.0, "v4": 32.0, "v6e": 32.0}
+# HBM per chip usable by a program, in GiB, by topology-name prefix (v5p and v5e: the figures
+# libtpu's compiler reports in its out-of-memory messages; v4, v6e: nominal).
+HBM_GIB = {"v5p": 95.74, "v5e": 15.75, "v5litepod": 15.75, "v4": 32.0, "v6e": 32.0}
 
 
 def _prepare_libtpu_env() -> None:
@@ -49,7 +52,10 @@ def topology_mesh(topology: str, mesh_shape: tuple[int, int, int] | None = None)
         for size in shape:
             known *= size if size > 0 else 1
         shape[shape.index(-1)] = n // known
-    return topologies.make_mesh(topo, tuple(shape), ("data", "fsdp", "tensor"))
+    # Splitting physical axes lets e.g. a 4-wide tensor axis live inside an 8x8 v5e slice.
+    devices = mesh_utils.create_device_mesh(tuple(shape), list(topo.devices),
+                                            allow_split_physical_axes=True)
+    return Mesh(devices, ("data", "fsdp", "tensor"))
 
 
 def abstract_state(cfg: models.DecoderConfig, opt_cfg: state_lib.OptimizerConfig):
