@@ -150,6 +150,10 @@ class Trainer:
                 jit_bank_fns(SearchConfig(1, m.candidate_multiplier, m.diversity_lambda,
                                           m.recency_steps, 1.0, m.demote_probability), self.mesh),
                 embedder)
+            # The bank is born sharded (slots over the mesh), so a restored bank lands on the
+            # same devices as a fresh one.
+            manager.bank = jax.device_put(manager.bank, sharding.tree_shardings(
+                self.mesh, manager.bank, bank_lib.bank_logical_axes()))
             guided_per_step = r.groups_per_step * (r.group_size - r.free_per_group)
             self.experience = ExperienceService(
                 manager, ExtractorClient(ext_sampler, self.tokenizer, min_batch=guided_per_step),
@@ -460,7 +464,8 @@ def run_digest(cfg: RunConfig) -> str:
 
 
 def main(cfg: RunConfig, workdir: str) -> dict:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s")
+    log.setLevel(logging.INFO)  # other libraries may have configured the root logger already
     trainer = Trainer(cfg, workdir)
     with open(os.path.join(workdir, "config.json"), "w") as f:
         from crl_jax.config import to_dict

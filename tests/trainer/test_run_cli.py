@@ -72,8 +72,16 @@ def test_resume_after_sigkill_repeats_the_uninterrupted_run(reference_run, tmp_p
     process = run_cli(tmp_path, compile_cache, steps=4)
     metrics = os.path.join(tmp_path, "metrics.jsonl")
     deadline = time.time() + 1800
+    checkpoints = os.path.join(tmp_path, "checkpoints")
+
+    def committed_steps():
+        return [d for d in os.listdir(checkpoints) if d.isdigit()] if os.path.isdir(checkpoints) else []
+
+    # Kill once `kill_after` rows are logged and at least one checkpoint is committed, so the
+    # restart has something to restore (and, depending on timing, steps to redo).
     while time.time() < deadline and process.poll() is None:
-        if os.path.exists(metrics) and sum(1 for _ in open(metrics)) >= kill_after:
+        if (os.path.exists(metrics) and sum(1 for _ in open(metrics)) >= kill_after
+                and committed_steps()):
             break
         time.sleep(0.05)
     assert process.poll() is None, "the run ended before it could be killed"
