@@ -1,6 +1,5 @@
 """Subgroup GRPO and extractor advantages against short numpy references."""
 import chex
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from absl.testing import parameterized
