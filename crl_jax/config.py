@@ -240,6 +240,18 @@ def _cross_checks(cfg: RunConfig) -> list[str]:
         problems.append("extractor.max_new_tokens: must be < extractor.cache_length")
     if len(cfg.mesh_shape) != 3 or cfg.mesh_shape.count(-1) > 1:
         problems.append(f"mesh_shape: three axes (data, fsdp, tensor) with at most one -1; got {cfg.mesh_shape}")
+    import os
+
+    for name, model in (("actor", cfg.actor), ("extractor_model", cfg.extractor_model)):
+        if model.path and model.path != "smollm2" and not os.path.isdir(model.path):
+            problems.append(f"{name}.path: {model.path!r} is not a checkpoint folder")
+    if cfg.memory.embedder != "minilm" and not os.path.isdir(cfg.memory.embedder):
+        problems.append(f"memory.embedder: 'minilm' or a Qwen3-Embedding folder; {cfg.memory.embedder!r} "
+                        "is not a folder")
+    if cfg.tokenizer not in ("word", "actor") and not os.path.isdir(cfg.tokenizer):
+        problems.append(f"tokenizer: 'word', 'actor' or a tokenizer folder; got {cfg.tokenizer!r}")
+    if cfg.tokenizer == "actor" and not cfg.actor.path:
+        problems.append("tokenizer: 'actor' needs actor.path (a checkpoint folder or 'smollm2')")
     if not 0 <= cfg.memory.demote_probability <= 1:
         problems.append(f"memory.demote_probability: must be in [0, 1]; got {cfg.memory.demote_probability}")
     return problems

@@ -31,6 +31,7 @@ from crl_jax import envs, models, sharding
 from crl_jax import metrics as metrics_lib
 from crl_jax.checkpoint import Checkpointer, config_digest
 from crl_jax.config import RunConfig
+from crl_jax.envs.runner import GuardedEnv
 from crl_jax.memory import bank as bank_lib
 from crl_jax.memory.manager import MemoryConfig as BankConfig, MemoryManager
 from crl_jax.memory.search import SearchConfig, jit_bank_fns
@@ -182,15 +183,18 @@ class Trainer:
         return embedder_lib.qwen3_embedder(self.cfg.memory.embedder, mesh=self.mesh)
 
     # ---- environments ----------------------------------------------------------------------
-    def envs_for(self, specs: list[EpisodeSpec]):
-        """One environment object per episode, reused across steps (MiniHack start-up is slow)."""
+    def envs_for(self, specs: list[EpisodeSpec]) -> list[GuardedEnv]:
+        """One guarded environment per episode, reused across steps (MiniHack start-up is slow);
+        an environment abandoned after a timeout is replaced by a fresh one."""
         used: dict[str, int] = {}
         out = []
         for spec in specs:
             pool = self.env_pool.setdefault(spec.task, [])
             index = used.get(spec.task, 0)
             if index == len(pool):
-                pool.append(envs.make(spec.task))
+                pool.append(None)
+            if pool[index] is None or pool[index].broken:
+                pool[index] = GuardedEnv(envs.make(spec.task), self.cfg.rollout.step_timeout_s)
             out.append(pool[index])
             used[spec.task] = index + 1
         return out
@@ -216,14 +220,13 @@ class Trainer:
     def rollout(self, specs: list[EpisodeSpec], step: int, use_memory: bool, seed: int,
                 allow_tools: bool = True, count_retrievals: bool = True):
         """Reset the episodes' environments, retrieve for guided ones, and run the actor loop."""
-        env_objs = self.envs_for(specs)
+        guards = self.envs_for(specs)
         firsts = []
-        for env, spec in zip(env_objs, specs):
-            try:
-                firsts.append(env.reset(spec.seed))
-            except Exception as err:  # the episode fails; the batch goes on
-                log.warning("reset of %s seed %d failed: %s", spec.task, spec.seed, err)
-                firsts.append(None)
+        for guard, spec in zip(guards, specs):
+            first, error = guard.call("reset", spec.seed)
+            if error:  # the episode fails; the batch goes on
+                log.warning("reset of %s seed %d failed: %s", spec.task, spec.seed, error)
+            firsts.append(first)
         entries = [None] * len(specs)
         guided_rows = [i for i, s in enumerate(specs) if s.guided and firsts[i] is not None]
         if use_memory and guided_rows:
@@ -237,9 +240,11 @@ class Trainer:
         tools = [use_memory and allow_tools and s.guided for s in specs]
         refine = (self.experience.refiner(self.extractor_state.params, step, count=count_retrievals)
                   if use_memory and allow_tools else None)
-        trajectories = self.actor_loop.run(self.actor_state.params, env_objs, specs, entries, seed,
-                                           refine=refine, tool_enabled=tools,
-                                           first_observations=[f for f in firsts])
+        by_env = {id(g.env): g for g in guards}
+        self.actor_loop.guarded_call = lambda env, method, *args: by_env[id(env)].call(method, *args)
+        trajectories = self.actor_loop.run(self.actor_state.params, [g.env for g in guards], specs,
+                                           entries, seed, refine=refine, tool_enabled=tools,
+                                           first_observations=firsts)
         for traj, first in zip(trajectories, firsts):
             if first is None:
                 traj.end_reason = "env_error: reset failed"

@@ -183,3 +183,36 @@ def run_batch(
         for worker in workers:
             worker.stop()
     return records
+
+
+class GuardedEnv:
+    """One environment whose calls run in its own worker thread and are awaited with a timeout.
+
+    For loops that drive environments themselves (the LLM actor loop): `call(method, *args)` returns
+    `(result, None)`, or `(None, reason)` when the call raised or overran `timeout_s`. After a
+    timeout the env may still be running in its thread, so it is marked `broken` and never called
+    again; the owner replaces it.
+    """
+
+    def __init__(self, env: TextEnv, timeout_s: float):
+        if timeout_s <= 0:
+            raise ValueError(f"GuardedEnv: timeout_s must be > 0, got {timeout_s}")
+        self.env, self.timeout_s = env, timeout_s
+        self.broken = False
+        self._worker = _EnvWorker(env)
+
+    def call(self, method: str, *args) -> tuple[Any, str | None]:
+        if self.broken:
+            return None, "error: environment abandoned after an earlier timeout"
+        future = self._worker.submit(getattr(self.env, method), *args)
+        try:
+            return future.result(timeout=self.timeout_s), None
+        except cf.TimeoutError:
+            future.cancel()
+            self.broken = True
+            return None, f"timeout: {method} > {self.timeout_s:g}s"
+        except BaseException as exc:  # noqa: BLE001 - an env failure ends only its episode
+            return None, f"error: {_describe(exc)}"
+
+    def close(self) -> None:
+        self._worker.stop()
