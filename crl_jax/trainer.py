@@ -454,8 +454,11 @@ def episode_record(traj) -> dict:
 def task_splits(names, data_dir: str) -> dict[str, list[dict]]:
     """{"train": [...], "test": [...]} task specs ({"env", "seed"}) for the environments `names`,
     from the TFDS task-split datasets (built into `data_dir` on first use)."""
+    import tensorflow_datasets as tfds
+
     from crl_jax import data
 
+    tfds.disable_progress_bar()  # the run has its own progress line
     sources = data.load_task_splits(list(names), data_dir, with_goals=False)
     return {split: [{"env": t["env_name"], "seed": t["seed"]} for t in sources[split]]
             for split in ("train", "test")}

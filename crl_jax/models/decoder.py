@@ -27,7 +27,8 @@ _REMAT_POLICIES = {
 class KVCache:
     """Preallocated keys/values of every layer. Slots are written left to right per row.
 
-    k, v: [L,B,S,K,H]; valid: [B,S] whether a slot holds a real token; end: [B] next free slot.
+    k, v: [L,B,K,S,H] (kv heads before slots, so attention reads the cache without a transpose);
+    valid: [B,S] whether a slot holds a real token; end: [B] next free slot.
     """
 
     k: jax.Array
@@ -37,19 +38,19 @@ class KVCache:
 
     @property
     def max_len(self) -> int:
-        return self.k.shape[2]
+        return self.valid.shape[1]
 
 
 def init_cache(cfg: DecoderConfig, batch_size: int, max_len: int, dtype=None) -> KVCache:
     dtype = dtype or cfg.compute_dtype
-    shape = (cfg.num_layers, batch_size, max_len, cfg.num_kv_heads, cfg.head_dim)
+    shape = (cfg.num_layers, batch_size, cfg.num_kv_heads, max_len, cfg.head_dim)
     return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
                    valid=jnp.zeros((batch_size, max_len), bool),
                    end=jnp.zeros((batch_size,), jnp.int32))
 
 
-CACHE_LOGICAL_AXES = KVCache(k=("layers", "batch", "cache_seq", "kv_heads", "head_dim"),
-                             v=("layers", "batch", "cache_seq", "kv_heads", "head_dim"),
+CACHE_LOGICAL_AXES = KVCache(k=("layers", "batch", "kv_heads", "cache_seq", "head_dim"),
+                             v=("layers", "batch", "kv_heads", "cache_seq", "head_dim"),
                              valid=("batch", "cache_seq"), end=("batch",))
 
 
@@ -133,11 +134,10 @@ class Decoder(nnx.Module):
             attn_mask = mask[:, None, :] & (slot[None, :, None] >= slot[None, None, :])
             write_slots = None
         else:
-            if cache.k.shape[1] != batch:
-                raise ValueError(f"cache batch {cache.k.shape[1]} != tokens batch {batch}")
+            if cache.valid.shape[0] != batch:
+                raise ValueError(f"cache batch {cache.valid.shape[0]} != tokens batch {batch}")
             write_slots = cache.end[:, None] + jnp.arange(time)[None, :]  # [B,T]
-            rows = jnp.arange(batch)[:, None]
-            valid = cache.valid.at[rows, write_slots].set(mask, mode="drop")
+            valid = cache.valid.at[jnp.arange(batch)[:, None], write_slots].set(mask, mode="drop")
             slot = jnp.arange(cache.max_len)
             attn_mask = valid[:, None, :] & (slot[None, None, :] <= write_slots[:, :, None])
 
@@ -163,10 +163,9 @@ def _run_layers(cfg, stacked: DecoderLayers, x, positions, attn_mask, cache, wri
     weights = {name: getattr(stacked, name).value for name in _layer_param_shapes(cfg)}
     inv_freq = layers.rope_inverse_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
     dtype = cfg.compute_dtype
-    batch = x.shape[0]
 
-    def block(x, w, k_cache, v_cache):
-        w = {name: value.astype(dtype) for name, value in w.items()}
+    def project(x, w):
+        """Pre-norm q, k, v of one layer: q [B,T,N,H], k/v [B,T,K,H]."""
         h = layers.rms_norm(x, w["input_norm"], cfg.rms_norm_eps)
         q = jnp.einsum("btd,dnh->btnh", h, w["wq"])
         k = jnp.einsum("btd,dkh->btkh", h, w["wk"])
@@ -176,14 +175,10 @@ def _run_layers(cfg, stacked: DecoderLayers, x, positions, attn_mask, cache, wri
         if cfg.qk_norm:
             q = layers.rms_norm(q, w["q_norm"], cfg.rms_norm_eps)
             k = layers.rms_norm(k, w["k_norm"], cfg.rms_norm_eps)
-        q = layers.apply_rope(q, positions, inv_freq)
-        k = layers.apply_rope(k, positions, inv_freq)
-        if k_cache is not None:
-            rows = jnp.arange(batch)[:, None]
-            k_cache = k_cache.at[rows, write_slots].set(k.astype(k_cache.dtype), mode="drop")
-            v_cache = v_cache.at[rows, write_slots].set(v.astype(v_cache.dtype), mode="drop")
-            k, v = k_cache.astype(dtype), v_cache.astype(dtype)
-        attn = layers.grouped_attention(q, k, v, attn_mask)
+        return layers.apply_rope(q, positions, inv_freq), layers.apply_rope(k, positions, inv_freq), v
+
+    def finish(x, w, attn):
+        """Output projection, residual and SwiGLU MLP of one layer."""
         out = jnp.einsum("btnh,nhd->btd", attn, w["wo"])
         if cfg.o_bias:
             out = out + w["bo"]
@@ -191,29 +186,40 @@ def _run_layers(cfg, stacked: DecoderLayers, x, positions, attn_mask, cache, wri
         h = layers.rms_norm(x, w["post_attention_norm"], cfg.rms_norm_eps)
         gate = jnp.einsum("btd,df->btf", h, w["w_gate"])
         up = jnp.einsum("btd,df->btf", h, w["w_up"])
-        x = x + jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, w["w_down"])
-        return x, k_cache, v_cache
+        return x + jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, w["w_down"])
 
-    if cfg.remat != "none":
-        block = jax.checkpoint(block, policy=_REMAT_POLICIES[cfg.remat])
+    def cast(w):
+        return {name: value.astype(dtype) for name, value in w.items()}
 
     if cache is None:
-        def step(x, w):
-            x, _, _ = block(x, w, None, None)
-            return x, None
-        x, _ = jax.lax.scan(step, x, weights)
+        def block(x, w):
+            w = cast(w)
+            q, k, v = project(x, w)
+            attn = layers.grouped_attention(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3),
+                                            attn_mask)
+            return finish(x, w, attn), None
+
+        if cfg.remat != "none":
+            block = jax.checkpoint(block, policy=_REMAT_POLICIES[cfg.remat])
+        x, _ = jax.lax.scan(block, x, weights)
         return x, None
 
-    # The caches travel in the carry and are updated in place at layer i, so a decode step does
-    # not copy the whole cache through scan outputs.
-    def step_cached(carry, w):
-        x, k_all, v_all, i = carry
-        x, k_i, v_i = block(x, w, k_all[i], v_all[i])
-        k_all = jax.lax.dynamic_update_index_in_dim(k_all, k_i, i, axis=0)
-        v_all = jax.lax.dynamic_update_index_in_dim(v_all, v_i, i, axis=0)
-        return (x, k_all, v_all, i + 1), None
+    # The stacked caches travel in the scan carry and the new keys/values are scattered straight
+    # into them at layer i (no slice-out and write-back of the layer's cache), so a decode step
+    # moves only what attention reads.
+    rows = jnp.arange(x.shape[0])[:, None]
 
-    (x, k_all, v_all, _), _ = jax.lax.scan(step_cached, (x, cache.k, cache.v, 0), weights)
+    def block_cached(carry, w):
+        x, k_all, v_all, i = carry
+        w = cast(w)
+        q, k, v = project(x, w)
+        # Advanced indices (i, rows, write_slots) around the kv-head slice: the update is [B,T,K,H].
+        k_all = k_all.at[i, rows, :, write_slots].set(k.astype(k_all.dtype), mode="drop")
+        v_all = v_all.at[i, rows, :, write_slots].set(v.astype(v_all.dtype), mode="drop")
+        attn = layers.grouped_attention(q, k_all[i].astype(dtype), v_all[i].astype(dtype), attn_mask)
+        return (finish(x, w, attn), k_all, v_all, i + 1), None
+
+    (x, k_all, v_all, _), _ = jax.lax.scan(block_cached, (x, cache.k, cache.v, 0), weights)
     return x, (k_all, v_all)
 
 

@@ -70,13 +70,17 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.A
 
 
 def grouped_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
-    """Grouped-query attention. q [B,T,N,H], k/v [B,S,K,H], mask [B,T,S] bool -> [B,T,N,H]."""
+    """Grouped-query attention. q [B,T,N,H], k/v [B,K,S,H], mask [B,T,S] bool -> [B,T,N,H].
+
+    Keys and values are kv-head-major, the KV cache's layout, so (b, k) are plain batch
+    dimensions of both products and the cache is never transposed.
+    """
     b, t, n, h = q.shape
-    kv_heads = k.shape[2]
+    kv_heads = k.shape[1]
     q = q.reshape(b, t, kv_heads, n // kv_heads, h)
-    scores = jnp.einsum("btkgh,bskh->bkgts", q, k, preferred_element_type=jnp.float32)
+    scores = jnp.einsum("btkgh,bksh->bkgts", q, k, preferred_element_type=jnp.float32)
     scores = scores * (1.0 / math.sqrt(h))
     scores = jnp.where(mask[:, None, None, :, :], scores, MASK_VALUE)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgts,bskh->btkgh", probs, v, preferred_element_type=jnp.float32)
+    out = jnp.einsum("bkgts,bksh->btkgh", probs, v, preferred_element_type=jnp.float32)
     return out.reshape(b, t, n, h).astype(q.dtype)
