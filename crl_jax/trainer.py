@@ -241,10 +241,10 @@ class Trainer:
         refine = (self.experience.refiner(self.extractor_state.params, step, count=count_retrievals)
                   if use_memory and allow_tools else None)
         by_env = {id(g.env): g for g in guards}
-        self.actor_loop.guarded_call = lambda env, method, *args: by_env[id(env)].call(method, *args)
-        trajectories = self.actor_loop.run(self.actor_state.params, [g.env for g in guards], specs,
-                                           entries, seed, refine=refine, tool_enabled=tools,
-                                           first_observations=firsts)
+        trajectories = self.actor_loop.run(
+            self.actor_state.params, [g.env for g in guards], specs, entries, seed, refine=refine,
+            tool_enabled=tools, first_observations=firsts,
+            guarded_call=lambda env, method, *args: by_env[id(env)].call(method, *args))
         for traj, first in zip(trajectories, firsts):
             if first is None:
                 traj.end_reason = "env_error: reset failed"

@@ -70,9 +70,12 @@ class ActorLoop:
     def run(self, params, envs: Sequence[TextEnv], specs: Sequence[EpisodeSpec],
             entries: Sequence[Entry | None], seed: int, refine: RefineFn | None = None,
             tool_enabled: Sequence[bool] | None = None,
-            first_observations: Sequence[tuple[str, dict] | None] | None = None) -> list[Trajectory]:
+            first_observations: Sequence[tuple[str, dict] | None] | None = None,
+            guarded_call: GuardedCall | None = None) -> list[Trajectory]:
         """Run one episode per row to the end. `entries[b]` is injected into row b's system
-        prompt; `tool_enabled[b]` allows search-and-ask on row b."""
+        prompt; `tool_enabled[b]` allows search-and-ask on row b; `first_observations[b]`, when
+        given, is row b's reset result; env calls go through `guarded_call` (default: direct)."""
+        call = guarded_call or self.guarded_call
         n = len(specs)
         tool_enabled = tool_enabled or [False] * n
         trajectories = [Trajectory(spec) for spec in specs]
@@ -87,7 +90,7 @@ class ActorLoop:
             traj = trajectories[b]
             reset = first_observations[b] if first_observations else None
             if reset is None:
-                reset, error = self.guarded_call(env, "reset", episode.seed)
+                reset, error = call(env, "reset", episode.seed)
                 if error:
                     self._end(traj, active, b, f"env_error: {error}")
                     continue
@@ -131,15 +134,15 @@ class ActorLoop:
                 if tools_left[b] and text.rstrip().endswith(prompts.SEARCH_CLOSE):
                     tool_rows.append(b)
                     continue
-                self._env_turn(envs[b], traj, text, active, b, new_tokens, turns_left)
+                self._env_turn(call, envs[b], traj, text, active, b, new_tokens, turns_left)
             if tool_rows:
                 self._tool_turns(trajectories, tool_rows, refine, new_tokens, tools_left, turns_left,
                                  active)
         self.last_timings = {"actor_rollout_s": time.perf_counter() - start}
         return trajectories
 
-    def _env_turn(self, env, traj: Trajectory, text: str, active, b, new_tokens, turns_left):
-        result, error = self.guarded_call(env, "step", text)
+    def _env_turn(self, call, env, traj: Trajectory, text: str, active, b, new_tokens, turns_left):
+        result, error = call(env, "step", text)
         if error:
             self._end(traj, active, b, f"env_error: {error}")
             return

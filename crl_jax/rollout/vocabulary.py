@@ -1,8 +1,8 @@
 """The word-level vocabulary of the tiny models: every text they will read or write.
 
 The tiny actor and extractor cannot afford a 50k-entry BPE vocabulary, so their tokenizer is built
-from the environments' own texts (system prompts, observations of scripted-expert and random
-episodes, the actions), the method's prompts (distillation, merge, refinement, injection, tool
+from the environments' own texts (system prompts, observations and actions of scripted-expert and
+random episodes), the method's prompts (distillation, merge, refinement, injection, tool
 text) and the extractor's operation syntax. Words outside it become <unk>, which costs nothing
 when the models never need them. The build is deterministic, and the trainer caches the result in
 the workdir so a resumed run reads exactly the same ids.
@@ -22,10 +22,7 @@ _OPERATION_SYNTAX = (
     "[ ] ( ) , . : ; - 0 1 2 3 4 5 6 7 8 9 10 if then else when avoid try first next until stuck")
 
 
-def _episode_texts(env, seeds: Iterable[int], agent=None) -> Iterable[str]:
-    from crl_jax.envs.random_agent import RandomAgent
-
-    agent = agent or RandomAgent(seed=0)
+def _episode_texts(env, seeds: Iterable[int], agent) -> Iterable[str]:
     for seed in seeds:
         observation, info = env.reset(seed)
         yield info.get("goal", "")
@@ -47,10 +44,19 @@ def collect_texts(task_names: Sequence[str], episodes_per_task: int = 8) -> list
              "## Outcome SUCCESS FAILURE ## Interaction ## Previous Lessons Memory Entry",
              "## Agent's question ## Retrieved lesson ## Lessons Goal: goal: observation:",
              " ".join(prompts.ROLE_LABELS.values())]
+    from crl_jax.envs.experts import expert_for, random_agent_for
+
     for name in task_names:
         env = envs.make(name)
         texts.append(env.system_prompt)
-        texts.extend(_episode_texts(env, range(episodes_per_task)))
+        # Random play covers the failure texts, expert play the ones on the way to success.
+        texts.extend(_episode_texts(env, range(episodes_per_task), random_agent_for(env, seed=0)))
+        try:
+            expert = expert_for(env)
+        except LookupError:  # environments without a scripted expert
+            expert = None
+        if expert is not None:
+            texts.extend(_episode_texts(env, range(episodes_per_task), expert))
         env.close()
     return texts
 
