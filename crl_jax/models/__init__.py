@@ -8,10 +8,10 @@ from crl_jax.models.decoder import (CACHE_LOGICAL_AXES, Decoder, KVCache, apply,
                                     param_logical_axes)
 from crl_jax.models.hf_io import (CheckpointError, config_from_hf, config_to_hf, from_pretrained,
                                   save_pretrained)
-from crl_jax.models.presets import get_preset, list_presets, register_preset
+from crl_jax.models.presets import get_preset, list_presets
 
 __all__ = [
     "CACHE_LOGICAL_AXES", "CheckpointError", "Decoder", "DecoderConfig", "KVCache", "RopeScaling",
     "apply", "config_from_hf", "config_to_hf", "from_pretrained", "get_preset", "init_cache",
-    "list_presets", "param_logical_axes", "register_preset", "save_pretrained",
+    "list_presets", "param_logical_axes", "save_pretrained",
 ]

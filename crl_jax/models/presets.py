@@ -7,7 +7,7 @@ preset gives the published parameter count without allocating anything.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any
 
 from crl_jax.models.config import DecoderConfig
 
@@ -50,23 +50,22 @@ _DECODER_PRESETS: dict[str, DecoderConfig] = {
         pad_token_id=151643),
 }
 
-# Presets of other model families (e.g. the BERT embedder) register a factory here.
-_OTHER_PRESETS: dict[str, Callable[[], Any]] = {}
+def _bert_presets() -> dict:
+    # Imported on use: the BERT module is only needed by the embedder.
+    from crl_jax.models import bert
 
-
-def register_preset(name: str, factory: Callable[[], Any]) -> None:
-    _OTHER_PRESETS[name] = factory
+    return bert.BERT_PRESETS
 
 
 def list_presets() -> list[str]:
-    return sorted([*_DECODER_PRESETS, *_OTHER_PRESETS])
+    return sorted([*_DECODER_PRESETS, *_bert_presets()])
 
 
 def get_preset(name: str, **overrides: Any):
-    """The config named `name`, with dataclass fields overridden (e.g. dtype="bfloat16")."""
+    """The config named `name` (a DecoderConfig, or a BertConfig for "minilm-l6"), with dataclass
+    fields overridden (e.g. dtype="bfloat16")."""
     if name in _DECODER_PRESETS:
         return dataclasses.replace(_DECODER_PRESETS[name], **overrides)
-    if name in _OTHER_PRESETS:
-        cfg = _OTHER_PRESETS[name]()
-        return dataclasses.replace(cfg, **overrides) if overrides else cfg
+    if name in _bert_presets():
+        return dataclasses.replace(_bert_presets()[name], **overrides)
     raise KeyError(f"unknown preset {name!r}; known: {', '.join(list_presets())}")

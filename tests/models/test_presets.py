@@ -29,6 +29,17 @@ def test_eval_shape_gives_published_parameter_count(name):
     assert abs(count - PUBLISHED[name]) / PUBLISHED[name] < 0.005, count
 
 
+def test_minilm_preset_gives_published_parameter_count():
+    from crl_jax.models import bert
+
+    cfg = models.get_preset("minilm-l6")
+    _, state = nnx.split(nnx.eval_shape(lambda: bert.BertEncoder(cfg, rngs=nnx.Rngs(0))))
+    count = sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(state))
+    # all-MiniLM-L6-v2 has 22,713,216 parameters, of which the 384x384 pooler (unused by
+    # mean-pooled sentence embeddings, so not built) is 147,840.
+    assert count == 22_713_216 - 147_840
+
+
 def test_tiny_preset_is_a_few_million_parameters():
     cfg = models.get_preset("tiny")
     assert 1e6 < cfg.num_params() < 10e6
