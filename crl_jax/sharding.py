@@ -104,11 +104,10 @@ def logical_sharding(mesh: Mesh, logical_axes: Sequence[str | None] | None,
 
 def tree_shardings(mesh: Mesh, abstract_tree, axes_tree):
     """NamedShardings for `abstract_tree` (arrays or ShapeDtypeStructs) given a matching tree of
-    logical-axis tuples (None leaves mean replicated)."""
-    return jax.tree.map(
-        lambda x, axes: logical_sharding(mesh, axes, x.shape),
-        abstract_tree, axes_tree, is_leaf=lambda a: a is None or isinstance(a, tuple) and all(
-            isinstance(e, (str, type(None))) for e in a))
+    logical-axis tuples (None means replicated). `abstract_tree` is a prefix of `axes_tree`, so
+    each array meets its whole axes tuple."""
+    return jax.tree.map(lambda x, axes: logical_sharding(mesh, axes, x.shape),
+                        abstract_tree, axes_tree)
 
 
 def constrain(x: jax.Array, mesh: Mesh | None, logical_axes: Sequence[str | None]) -> jax.Array:

@@ -24,7 +24,6 @@ import time
 
 import jax
 import numpy as np
-import optax
 from flax import nnx
 
 from crl_jax import envs, models, sharding
@@ -377,7 +376,8 @@ class Trainer:
         return tree
 
     def save(self, next_step: int) -> None:
-        self._join_background_into(self._carry)
+        # Finish background work before the checkpoint; its metrics go into the next step's row.
+        self._carry.update(self._join_background())
         self.checkpointer.save(next_step, self.device_state(), self.host_state(next_step))
 
     def restore(self) -> int:
@@ -399,10 +399,6 @@ class Trainer:
         self._carry = dict(host["carry"])
         log.info("restored checkpoint of step %d from %s", step, self.checkpointer.directory)
         return int(host["next_step"])
-
-    def _join_background_into(self, carry: dict) -> None:
-        """Finish background work now (before a checkpoint), keeping its metrics for the next step."""
-        carry.update(self._join_background())
 
     def run(self) -> dict:
         cfg = self.cfg
