@@ -241,9 +241,13 @@ def _backend_via_transformers(folder: Path) -> tokenizers.Tokenizer:
     return fast.backend_tokenizer
 
 
-# A word with at most one leading space, one punctuation mark with at most one leading space, or one
-# whitespace character: every character lands in exactly one piece, so decoding (concatenation) is lossless.
-_WORD_PIECES = r" ?\w+| ?[^\w\s]|\s"
+# A run of two or more spaces, a word with at most one leading space, one punctuation mark with at
+# most one leading space, or one whitespace character: every character lands in exactly one piece,
+# so decoding (concatenation) is lossless. Space runs are one piece so that a text map row such as
+# "    ..   " costs a few tokens, not one per blank, while its columns stay exact (each run
+# length up to MAX_SPACE_RUN is its own token, always in the vocabulary; longer runs split).
+MAX_SPACE_RUN = 16
+_WORD_PIECES = r" {2,%d}| ?\w+| ?[^\w\s]|\s" % MAX_SPACE_RUN
 WORD_SPECIALS = ("<pad>", "<unk>", IM_START, IM_END)
 
 
@@ -271,7 +275,7 @@ def build_word_tokenizer(texts: Iterable[str], *, tags: Sequence[str] = METHOD_T
             raise TypeError(f"build_word_tokenizer expects strings, got {type(text).__name__}")
         for segment in split_specials.split(text):
             counts.update(piece for piece, _ in pre.pre_tokenize_str(segment))
-    base = [*fixed, *ROLES, " ", "\n"]
+    base = [*fixed, *ROLES, " ", "\n", *(" " * n for n in range(2, MAX_SPACE_RUN + 1))]
     vocab = {tok: i for i, tok in enumerate(dict.fromkeys(base))}
     for piece, count in counts.most_common():  # most_common keeps first-seen order among ties
         if count < min_count:

@@ -148,6 +148,9 @@ def test_word_tokenizer_round_trip_and_special_tokens(word_tok):
     assert (word_tok.token_id("<pad>"), word_tok.token_id("<unk>")) == (0, 1)
     assert word_tok.eos_id == word_tok.token_id(IM_END) and word_tok.pad_id == 0
     assert word_tok.decode(word_tok.encode("Go zebra")) == "Go<unk>"  # unseen word; nothing else lost
+    # Space runs are single tokens of exact length, so text maps keep their columns.
+    row = "    ..   " + " " * 20 + "."
+    assert word_tok.decode(word_tok.encode(row)) == row and len(word_tok.encode(row)) == 6
     # Tags survive skip_special_tokens (answer parsing needs them); ChatML markers do not.
     assert word_tok.decode(word_tok.encode(f"{IM_START}<answer>north</answer>{IM_END}"),
                            skip_special_tokens=True) == "<answer>north</answer>"
@@ -157,8 +160,10 @@ def test_word_tokenizer_round_trip_and_special_tokens(word_tok):
 def test_word_tokenizer_limits():
     small = build_word_tokenizer(["a a a b b c"], min_count=2)
     assert small.encode("a b c") == small.encode("a b") + [small.token_id("<unk>")]
-    capped = build_word_tokenizer(["x y z w v"] * 3, max_size=len(METHOD_TAGS) + 11)
-    assert capped.vocab_size == len(METHOD_TAGS) + 11
+    base = build_word_tokenizer([""]).vocab_size  # specials, tags, roles, whitespace runs
+    capped = build_word_tokenizer(["x y z w v"] * 3, max_size=base + 3)
+    assert capped.vocab_size == base + 3
+    assert capped.decode(capped.encode("x y z w v")) == "x y<unk><unk><unk>"
 
 
 def test_word_tokenizer_loads_in_tokenizers_and_transformers(word_tok, tmp_path):
