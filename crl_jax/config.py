@@ -92,8 +92,25 @@ class RLConfig:
 class EvalConfig:
     every: int = 10             # steps; 0 = never (a final evaluation still runs)
     tasks_per_env: int = 16
+    at_start: bool = False      # also evaluate before the first RL step (after any warm start)
     with_experience: bool = True
     without_experience: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmStartConfig:
+    """Behaviour cloning of the actor and SFT of the extractor before RL (see crl_jax.warm_start);
+    for models that start from random weights. Cached in <workdir>/warm_start."""
+    enabled: bool = False
+    episodes: int = 256         # scripted train-split episodes for behaviour cloning
+    epsilons: tuple[float, ...] = (0.0, 0.25, 0.5)  # random-action rates, cycled over the episodes
+    guided_fraction: float = 0.5   # episodes with a lesson in the system prompt
+    search_fraction: float = 0.2   # guided episodes that open with a search-and-ask call
+    actor_steps: int = 200
+    extractor_steps: int = 100
+    merge_examples: int = 32
+    batch_size: int = 16
+    learning_rate: float = 1e-3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,6 +132,7 @@ class RunConfig:
     extractor: ExtractorConfig = ExtractorConfig()
     rl: RLConfig = RLConfig()
     eval: EvalConfig = EvalConfig()
+    warm_start: WarmStartConfig = WarmStartConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     mesh_shape: tuple[int, ...] = (1, -1, 1)
     data_dir: str = ""          # TFDS data dir; empty = <workdir>/tfds
@@ -131,10 +149,11 @@ _CHOICES = {
 }
 _POSITIVE = {"steps", "groups_per_step", "group_size", "max_new_tokens", "cache_length", "capacity",
              "merge_chunk", "batch_size", "max_seq_len", "micro_batches", "tasks_per_env", "keep",
-             "log_every", "candidate_multiplier"}
+             "log_every", "candidate_multiplier", "episodes"}
 _NON_NEGATIVE = {"seed", "free_per_group", "max_turns", "max_tool_uses", "merge_every", "warmup_steps",
                  "cooldown_steps", "weight_power", "weight_decay", "every", "recency_steps",
-                 "diversity_lambda", "learning_rate", "extractor_learning_rate", "clip_eps", "cispo_eps"}
+                 "diversity_lambda", "learning_rate", "extractor_learning_rate", "clip_eps", "cispo_eps",
+                 "actor_steps", "extractor_steps", "merge_examples"}
 
 
 def _check_value(path: str, name: str, value: Any, problems: list[str]) -> None:
@@ -252,6 +271,14 @@ def _cross_checks(cfg: RunConfig) -> list[str]:
         problems.append(f"tokenizer: 'word', 'actor' or a tokenizer folder; got {cfg.tokenizer!r}")
     if cfg.tokenizer == "actor" and not cfg.actor.path:
         problems.append("tokenizer: 'actor' needs actor.path (a checkpoint folder or 'smollm2')")
+    w = cfg.warm_start
+    for name in ("guided_fraction", "search_fraction"):
+        if not 0 <= getattr(w, name) <= 1:
+            problems.append(f"warm_start.{name}: must be in [0, 1]; got {getattr(w, name)}")
+    if not w.epsilons or any(not 0 <= e <= 1 for e in w.epsilons):
+        problems.append(f"warm_start.epsilons: one or more values in [0, 1]; got {w.epsilons}")
+    if w.enabled and not w.learning_rate > 0:
+        problems.append(f"warm_start.learning_rate: must be > 0; got {w.learning_rate}")
     if not 0 <= cfg.memory.demote_probability <= 1:
         problems.append(f"memory.demote_probability: must be in [0, 1]; got {cfg.memory.demote_probability}")
     return problems

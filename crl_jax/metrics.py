@@ -34,6 +34,7 @@ TRAIN_WITH_EXP = "train/with_exp"        # the experience-guided half of each gr
 TRAIN_WITHOUT_EXP = "train/without_exp"  # the experience-free half of each group
 EVAL_WITH_EXP = "eval/with_exp"          # test split, experience retrieved into the prompt
 EVAL_WITHOUT_EXP = "eval/without_exp"    # test split, no experience
+START = "start"                          # "start/eval/...": evaluation before the first RL step
 
 
 def key(prefix: str, field: str, task: str | None = None) -> str:

@@ -241,13 +241,16 @@ def _backend_via_transformers(folder: Path) -> tokenizers.Tokenizer:
     return fast.backend_tokenizer
 
 
-# A run of two or more spaces, a word with at most one leading space, one punctuation mark with at
-# most one leading space, or one whitespace character: every character lands in exactly one piece,
-# so decoding (concatenation) is lossless. Space runs are one piece so that a text map row such as
-# "    ..   " costs a few tokens, not one per blank, while its columns stay exact (each run
-# length up to MAX_SPACE_RUN is its own token, always in the vocabulary; longer runs split).
+# A run of two or more spaces, an ASCII word (letters only) or one digit, with at most one leading
+# space, one other character with at most one leading space, or one whitespace character: every
+# character lands in exactly one piece, so decoding (concatenation) is lossless. Space runs are one
+# piece so that a text map row such as "    ..   " costs a few tokens, not one per blank, while its
+# columns stay exact (each run length up to MAX_SPACE_RUN is its own token; longer runs split).
+# Map cells are single characters ("_X_O" is four pieces), and every single printable ASCII
+# character is always in the vocabulary, so maps and numbers never become <unk>.
 MAX_SPACE_RUN = 16
-_WORD_PIECES = r" {2,%d}| ?\w+| ?[^\w\s]|\s" % MAX_SPACE_RUN
+_WORD_PIECES = r" {2,%d}| ?[A-Za-z]+| ?[0-9]| ?[^\sA-Za-z0-9]|\s" % MAX_SPACE_RUN
+_ALWAYS = [c for c in map(chr, range(33, 127))]
 WORD_SPECIALS = ("<pad>", "<unk>", IM_START, IM_END)
 
 
@@ -275,7 +278,8 @@ def build_word_tokenizer(texts: Iterable[str], *, tags: Sequence[str] = METHOD_T
             raise TypeError(f"build_word_tokenizer expects strings, got {type(text).__name__}")
         for segment in split_specials.split(text):
             counts.update(piece for piece, _ in pre.pre_tokenize_str(segment))
-    base = [*fixed, *ROLES, " ", "\n", *(" " * n for n in range(2, MAX_SPACE_RUN + 1))]
+    base = [*fixed, *ROLES, " ", "\n", *(" " * n for n in range(2, MAX_SPACE_RUN + 1)),
+            *_ALWAYS, *(" " + c for c in _ALWAYS)]
     vocab = {tok: i for i, tok in enumerate(dict.fromkeys(base))}
     for piece, count in counts.most_common():  # most_common keeps first-seen order among ties
         if count < min_count:

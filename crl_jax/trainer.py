@@ -46,6 +46,7 @@ from crl_jax.rollout.task_stream import TaskStream
 from crl_jax.rollout.trajectory import EpisodeSpec, generations_batch, to_policy_batch
 from crl_jax.sampling import Sampler, SamplerSpec
 from crl_jax.tokenizer import Tokenizer
+from crl_jax.warm_start import WarmStartInputs, length_bucket, run_warm_start
 
 log = logging.getLogger("crl_jax")
 
@@ -122,7 +123,7 @@ class Trainer:
             advantage_normalization=cfg.rl.advantage_normalization,
             advantage_split=cfg.rl.advantage_split, actor_micro_batches=cfg.rl.micro_batches,
             old_logprobs=cfg.rl.old_logprobs, update_actor=cfg.rl.train_actor)
-        self._step_fns: dict[bool, object] = {}
+        self._step_fns: dict[tuple, object] = {}
 
         stops = self.tokenizer.stop_sequences(["</answer>", "</knowledge_search_and_ask>"])
         r = cfg.rollout
@@ -168,6 +169,7 @@ class Trainer:
         self._carry: dict = {}
 
         splits = task_splits(cfg.tasks, cfg.data_dir or os.path.join(workdir, "tfds"))
+        self.train_tasks = splits["train"]
         self.stream = TaskStream(splits["train"], cfg.seed)
         self.test_tasks = [t for name in cfg.tasks
                            for t in [t for t in splits["test"] if t["env"] == name][:cfg.eval.tasks_per_env]]
@@ -316,13 +318,18 @@ class Trainer:
         self._trained_at = step
         metrics["extractor/reward"] = float(np.mean([s.reward for s in samples]))
         metrics["extractor/weight_mean"] = float(weights.mean())
+        longest = max(len(s.generation.prompt_ids) + len(s.generation.response_ids) for s in samples)
         return generations_batch([(s.generation, s.reward, float(w)) for s, w in zip(samples, weights)],
-                                 self.cfg.extractor.cache_length, e.batch_size, self.tokenizer.pad_id)
+                                 length_bucket(longest, self.cfg.extractor.cache_length), e.batch_size,
+                                 self.tokenizer.pad_id)
 
     def _update(self, trajectories, extractor_batch) -> dict:
-        actor_batch = to_policy_batch(trajectories, self.cfg.rl.max_seq_len)
+        # Pad to a length bucket, not to max_seq_len: short episodes train at a fraction of the
+        # cost, and the few bucket shapes each compile once.
+        longest = max(len(t.tokens) for t in trajectories)
+        actor_batch = to_policy_batch(trajectories, length_bucket(longest, self.cfg.rl.max_seq_len))
         batch = TrainBatch(actor_batch, extractor_batch)
-        key = extractor_batch is not None
+        key = (actor_batch.tokens.shape, None if extractor_batch is None else extractor_batch.tokens.shape)
         if key not in self._step_fns:
             self._step_fns[key] = make_train_step(self.train_cfg, self.mesh, self.actor_state,
                                                   self.extractor_state, batch)
@@ -408,9 +415,13 @@ class Trainer:
         progress = metrics_lib.Progress(cfg.steps, keys=(metrics_lib.TRAIN_SUCCESS, metrics_lib.BANK_SIZE,
                                                          metrics_lib.TIME_STEP), every=cfg.log_every)
         last: dict = {}
+        before_rl: dict = {}
+        if start == 0:
+            before_rl = self.before_rl()
         for step in range(start, cfg.steps):
             tasks = self.stream.take(cfg.rollout.groups_per_step)
-            metrics = self.train_step(step, tasks)
+            metrics = {**before_rl, **self.train_step(step, tasks)}
+            before_rl = {}
             if cfg.eval.every and (step + 1) % cfg.eval.every == 0 and step + 1 < cfg.steps:
                 metrics.update(self.evaluate(step))
             if step + 1 == cfg.steps:
@@ -429,6 +440,40 @@ class Trainer:
 
             report.write_report(self.workdir)
         return last
+
+    def warm_start(self) -> dict:
+        """Behaviour cloning + extractor SFT (cached in the workdir); returns its summary."""
+        cfg = self.cfg
+        ext = self.extractor_state if self.experience is not None else None
+        inputs = WarmStartInputs(
+            tokenizer=self.tokenizer, mesh=self.mesh, actor_state=self.actor_state, extractor_state=ext,
+            train_tasks=self.train_tasks, max_turns=cfg.rollout.max_turns,
+            search_and_ask=cfg.rollout.search_and_ask and self.experience is not None,
+            actor_max_len=cfg.rl.max_seq_len,
+            extractor_room=cfg.extractor.cache_length - cfg.extractor.max_new_tokens,
+            extractor_max_len=cfg.extractor.cache_length, seed=cfg.seed,
+            digest_extra={"tasks": list(cfg.tasks), "actor": repr(cfg.actor),
+                          "extractor": repr(cfg.extractor_model), "tokenizer": self.tokenizer.vocab_size})
+        actor_params, extractor_params, summary = run_warm_start(cfg.warm_start, inputs, self.workdir)
+        self.actor_state = self.actor_state.replace(params=actor_params)
+        if extractor_params is not None:
+            self.extractor_state = self.extractor_state.replace(params=extractor_params)
+        return summary
+
+    def before_rl(self) -> dict:
+        """What happens once before the first RL step: the warm start, then (if configured) an
+        evaluation; its metrics are logged with the first step as "start/<key>"."""
+        out: dict[str, float] = {}
+        if self.cfg.warm_start.enabled:
+            summary = self.warm_start()
+            out.update({"warm_start/actor_loss": summary["actor"]["loss_last"] or 0.0,
+                        "warm_start/demo_success": summary["demos"]["success"],
+                        "warm_start/time_s": summary.get("time_s", 0.0)})
+            if "extractor" in summary:
+                out["warm_start/extractor_loss"] = summary["extractor"]["loss_last"] or 0.0
+        if self.cfg.eval.at_start:
+            out.update({f"{metrics_lib.START}/{k}": v for k, v in self.evaluate(-1).items()})
+        return out
 
     def _seed(self, step: int, salt: int) -> int:
         return (self.cfg.seed * 7919 + step * 31 + salt) % (2 ** 31)

@@ -158,12 +158,14 @@ def test_word_tokenizer_round_trip_and_special_tokens(word_tok):
 
 
 def test_word_tokenizer_limits():
-    small = build_word_tokenizer(["a a a b b c"], min_count=2)
-    assert small.encode("a b c") == small.encode("a b") + [small.token_id("<unk>")]
+    small = build_word_tokenizer(["aa aa aa bb bb cc"], min_count=2)
+    assert small.encode("aa bb cc") == small.encode("aa bb") + [small.token_id("<unk>")]
     base = build_word_tokenizer([""]).vocab_size  # specials, tags, roles, whitespace runs
-    capped = build_word_tokenizer(["x y z w v"] * 3, max_size=base + 3)
+    capped = build_word_tokenizer(["xx yy zz ww vv"] * 3, max_size=base + 3)
     assert capped.vocab_size == base + 3
-    assert capped.decode(capped.encode("x y z w v")) == "x y<unk><unk><unk>"
+    assert capped.decode(capped.encode("xx yy zz ww vv")) == "xx yy<unk><unk><unk>"
+    # Single characters are always known, so text maps and numbers never become <unk>.
+    assert "<unk>" not in capped.decode(capped.encode("_X_O @d 1234 $9.50"))
 
 
 def test_word_tokenizer_loads_in_tokenizers_and_transformers(word_tok, tmp_path):

@@ -14,6 +14,15 @@ from crl_jax.sampling import Sampler
 from crl_jax.tokenizer import Tokenizer
 
 
+def fit_prompt(ids: list[int], room: int) -> list[int]:
+    """`ids` cut to at most `room` tokens. Long transcripts lose their middle: the instructions at
+    the start and the most recent turns plus the generation prompt at the end matter most."""
+    if len(ids) <= room:
+        return ids
+    head = room // 3
+    return ids[:head] + ids[len(ids) - (room - head):]
+
+
 def _bucket(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
@@ -33,13 +42,7 @@ class ExtractorClient:
 
     def _prompt(self, messages: Sequence[dict]) -> list[int]:
         ids = self.tokenizer.encode_chat(messages, add_generation_prompt=True).ids.tolist()
-        room = self.sampler.spec.cache_length - self.sampler.spec.max_new_tokens
-        if len(ids) > room:
-            # Long transcripts lose their middle: the instructions at the start and the most
-            # recent turns plus the generation prompt at the end matter most.
-            head = room // 3
-            ids = ids[:head] + ids[len(ids) - (room - head):]
-        return ids
+        return fit_prompt(ids, self.sampler.spec.cache_length - self.sampler.spec.max_new_tokens)
 
     def generate(self, params, conversations: Sequence[Sequence[dict]], seed: int,
                  kind: str) -> list[tuple[str, Generation]]:

@@ -3,7 +3,7 @@
 The tiny actor and extractor cannot afford a 50k-entry BPE vocabulary, so their tokenizer is built
 from the environments' own texts (system prompts, observations and actions of scripted-expert and
 random episodes), the method's prompts (distillation, merge, refinement, injection, tool
-text) and the extractor's operation syntax. Words outside it become <unk>, which costs nothing
+text), the extractor's operation syntax and the warm start's scripted lessons. Words outside it become <unk>, which costs nothing
 when the models never need them. The build is deterministic, and the trainer caches the result in
 the workdir so a resumed run reads exactly the same ids.
 """
@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 from crl_jax import envs
 from crl_jax.memory import prompts
 from crl_jax.tokenizer import Tokenizer, build_word_tokenizer
+from crl_jax.warm_start import lessons
 
 _OPERATION_SYNTAX = (
     'add(title="...", content="...") update([1, 2], title="...", content="...") return() '
@@ -37,13 +38,14 @@ def _episode_texts(env, seeds: Iterable[int], agent) -> Iterable[str]:
                 break
 
 
-def collect_texts(task_names: Sequence[str], episodes_per_task: int = 8) -> list[str]:
+def collect_texts(task_names: Sequence[str], episodes_per_task: int = 12) -> list[str]:
     texts = [prompts.DISTILL_SYSTEM, prompts.MERGE_SYSTEM, prompts.REFINE_SYSTEM,
              prompts.INJECTION_TEXT, prompts.SEARCH_TOOL_TEXT, prompts.NO_MEMORIES,
              prompts.search_result_text(None), _OPERATION_SYNTAX,
              "## Outcome SUCCESS FAILURE ## Interaction ## Previous Lessons Memory Entry",
              "## Agent's question ## Retrieved lesson ## Lessons Goal: goal: observation:",
-             " ".join(prompts.ROLE_LABELS.values())]
+             " ".join(prompts.ROLE_LABELS.values()), prompts.inject_experience("", "notes"),
+             *lessons.vocabulary_texts()]
     from crl_jax.envs.experts import expert_for, random_agent_for
 
     for name in task_names:

@@ -1,0 +1,175 @@
+"""Warm start: the tiny models' analogue of starting RL from a pretrained instruct model.
+
+Before the first RL step of a run whose models start from random weights:
+  1. play `episodes` train-split tasks with the scripted experts, degraded by random actions
+     (`demos.collect_demos`);
+  2. behaviour-clone the actor on them (`actor_steps` supervised steps);
+  3. fine-tune the extractor on the scripted summariser's distillation, refinement and merge
+     replies for the same episodes (`extractor_steps` steps);
+and return the new parameters. The result is saved as an Orbax checkpoint in
+`<workdir>/warm_start` (with the losses and data counts as its host state) and reused by any later
+start of the same run; a cache written under a different configuration is recomputed. Training
+curves go to `<workdir>/warm_start/metrics.jsonl` and TensorBoard.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import shutil
+import time
+
+import jax
+import numpy as np
+
+from crl_jax import metrics as metrics_lib
+from crl_jax.checkpoint import Checkpointer, CheckpointError, config_digest
+from crl_jax.config import WarmStartConfig
+from crl_jax.rl.sft import make_sft_step, sft_batch
+from crl_jax.rl.state import OptimizerConfig, TrainState, make_optimizer, state_shardings
+from crl_jax.warm_start import demos as demos_lib
+
+log = logging.getLogger("crl_jax")
+
+__all__ = ["WarmStartInputs", "run_warm_start", "length_bucket"]
+
+
+@dataclasses.dataclass
+class WarmStartInputs:
+    """Everything the warm start needs from the trainer."""
+
+    tokenizer: object
+    mesh: object
+    actor_state: TrainState
+    extractor_state: TrainState | None   # None: no extractor to fine-tune (memory disabled)
+    train_tasks: list[dict]              # train-split task specs ({"env", "seed"})
+    max_turns: int
+    search_and_ask: bool
+    actor_max_len: int                   # longest actor sequence trained (rl.max_seq_len)
+    extractor_room: int                  # extractor prompt budget (cache - new tokens)
+    extractor_max_len: int
+    seed: int
+    digest_extra: dict                   # run settings the cached result depends on
+
+
+def length_bucket(n: int, cap: int, granule: int = 256) -> int:
+    """The padded length for a sequence of `n` tokens: the next multiple of `granule`, at most
+    `cap`. Coarse enough that a run compiles each step for a handful of shapes only."""
+    return min(max(granule, -(-n // granule) * granule), cap)
+
+
+def _batches(examples, batch_size: int, cap: int, rng: np.random.Generator):
+    """Endless shuffled batches, each from one length bucket (few shapes, so few compilations)."""
+    by_bucket: dict[int, list[int]] = {}
+    for i, (ids, _) in enumerate(examples):
+        by_bucket.setdefault(length_bucket(len(ids), cap), []).append(i)
+    while True:
+        batches = []
+        for length, rows in by_bucket.items():
+            rows = list(rng.permutation(rows))
+            batches += [(length, rows[k:k + batch_size]) for k in range(0, len(rows), batch_size)]
+        for b in rng.permutation(len(batches)):
+            yield batches[b]
+
+
+def train_supervised(name: str, state: TrainState, examples, *, steps: int, batch_size: int,
+                     learning_rate: float, max_len: int, mesh, seed: int,
+                     writer: metrics_lib.MetricsWriter, step_offset: int) -> tuple[object, dict]:
+    """`steps` supervised updates of `state`'s params on `examples`; returns (params, summary).
+    The RL optimiser state is untouched: the warm start has its own AdamW."""
+    tx = make_optimizer(OptimizerConfig(learning_rate=learning_rate, max_grad_norm=1.0))
+    sft_state = TrainState.create(state.graphdef, state.params, tx, state.rng)
+    # Its fresh Adam moments are sharded like the params they track (the step donates the state,
+    # so the caller's params are consumed: it takes the returned ones).
+    sft_state = jax.device_put(sft_state, state_shardings(mesh, sft_state))
+    step_fns: dict[int, object] = {}
+    batches = _batches(examples, batch_size, max_len, np.random.default_rng([seed, 11]))
+    losses = []
+    progress = metrics_lib.Progress(steps, keys=(f"{name}/loss",), every=max(1, steps // 10))
+    for i in range(steps):
+        length, rows = next(batches)
+        batch = sft_batch([examples[r] for r in rows], length, batch_size)
+        if length not in step_fns:
+            step_fns[length] = make_sft_step(mesh, sft_state, batch)
+        sft_state, out = step_fns[length](sft_state, batch)
+        out = {f"{name}/{k}": float(v) for k, v in jax.device_get(out).items()}
+        losses.append(out[f"{name}/loss"])
+        writer.write(step_offset + i, out)
+        progress.update(i + 1, out)
+    progress.close()
+    head = losses[:max(1, len(losses) // 10)]
+    tail = losses[-max(1, len(losses) // 10):]
+    return sft_state.params, {"steps": steps, "examples": len(examples),
+                              "loss_first": float(np.mean(head)) if losses else None,
+                              "loss_last": float(np.mean(tail)) if losses else None}
+
+
+def _digest(cfg: WarmStartConfig, inputs: WarmStartInputs) -> str:
+    return config_digest({"warm_start": dataclasses.asdict(cfg), **inputs.digest_extra,
+                          "max_turns": inputs.max_turns, "search_and_ask": inputs.search_and_ask,
+                          "seed": inputs.seed})
+
+
+def run_warm_start(cfg: WarmStartConfig, inputs: WarmStartInputs, workdir: str):
+    """(actor params, extractor params or None, summary dict): cached in `workdir/warm_start`."""
+    folder = os.path.join(workdir, "warm_start")
+    checkpointer = Checkpointer(os.path.join(folder, "checkpoint"), max_to_keep=1, async_save=False,
+                                digest=_digest(cfg, inputs))
+    target = {"actor": inputs.actor_state.params}
+    if inputs.extractor_state is not None:
+        target["extractor"] = inputs.extractor_state.params
+    if checkpointer.latest_step() is not None:
+        try:
+            _, tree, summary = checkpointer.restore(target)
+            log.info("warm start: reusing %s (built in %.0f s)", folder, summary.get("time_s", 0.0))
+            return tree["actor"], tree.get("extractor"), summary
+        except CheckpointError as err:
+            log.warning("warm start cache in %s is unusable (%s); recomputing", folder, err)
+            checkpointer.close()
+            shutil.rmtree(checkpointer.directory)
+            checkpointer = Checkpointer(os.path.join(folder, "checkpoint"), max_to_keep=1,
+                                        async_save=False, digest=_digest(cfg, inputs))
+    started = time.perf_counter()
+    tasks = [inputs.train_tasks[i % len(inputs.train_tasks)] for i in range(cfg.episodes)]
+    log.info("warm start: playing %d scripted episodes (random-action rates %s)", len(tasks),
+             ", ".join(f"{e:g}" for e in cfg.epsilons))
+    demos = demos_lib.collect_demos(
+        tasks, max_turns=inputs.max_turns, epsilons=cfg.epsilons, guided_fraction=cfg.guided_fraction,
+        search_fraction=cfg.search_fraction, tools=inputs.search_and_ask, seed=inputs.seed)
+    demo_stats = {"episodes": len(demos),
+                  "success": float(np.mean([d.facts.success for d in demos])),
+                  "actions": float(np.mean([d.facts.actions for d in demos])),
+                  "guided": int(sum(d.entry is not None for d in demos)),
+                  "searched": int(sum(d.searched for d in demos)),
+                  "play_s": time.perf_counter() - started}
+    log.info("warm start: demos success %.2f, %.1f actions, %d guided, %d with search-and-ask",
+             demo_stats["success"], demo_stats["actions"], demo_stats["guided"], demo_stats["searched"])
+    writer = metrics_lib.MetricsWriter(folder)
+    writer.resume_from(-1)
+    actor_params, actor_summary = train_supervised(
+        "actor", inputs.actor_state, demos_lib.actor_examples(inputs.tokenizer, demos),
+        steps=cfg.actor_steps, batch_size=cfg.batch_size, learning_rate=cfg.learning_rate,
+        max_len=inputs.actor_max_len, mesh=inputs.mesh, seed=inputs.seed, writer=writer, step_offset=0)
+    summary = {"demos": demo_stats, "actor": actor_summary}
+    extractor_params = None
+    if inputs.extractor_state is not None:
+        examples, counts = demos_lib.extractor_examples(
+            inputs.tokenizer, demos, room=inputs.extractor_room, merges=cfg.merge_examples,
+            seed=inputs.seed)
+        extractor_params, ext_summary = train_supervised(
+            "extractor", inputs.extractor_state, examples, steps=cfg.extractor_steps,
+            batch_size=cfg.batch_size, learning_rate=cfg.learning_rate,
+            max_len=inputs.extractor_max_len, mesh=inputs.mesh, seed=inputs.seed + 1, writer=writer,
+            step_offset=cfg.actor_steps)
+        summary["extractor"] = {**ext_summary, **counts}
+    writer.close()
+    summary["time_s"] = time.perf_counter() - started
+    tree = {"actor": actor_params}
+    if extractor_params is not None:
+        tree["extractor"] = extractor_params
+    checkpointer.save(1, tree, summary)
+    checkpointer.wait()
+    log.info("warm start: done in %.0f s (actor loss %s -> %s)", summary["time_s"],
+             actor_summary["loss_first"], actor_summary["loss_last"])
+    return actor_params, extractor_params, summary

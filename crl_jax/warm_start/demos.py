@@ -1,0 +1,158 @@
+"""Warm-start data: scripted episodes for the actor, scripted summaries for the extractor.
+
+`collect_demos` plays train-split tasks with each environment's scripted expert, degraded per
+episode by an epsilon of random actions (the mix of `epsilons`), so the cloned policy is decent
+but imperfect and RL has room to improve it. The transcripts are chat messages in exactly the
+shape the actor loop produces (system prompt with the search tool text and an injected lesson
+for guided episodes, goal and first observation, then action / observation turns), so behaviour
+cloning trains the actor on the token sequences it will later see and write. Some guided episodes
+open with a search-and-ask call answered by the scripted summariser's guidance.
+
+`actor_examples` and `extractor_examples` turn the demos into (ids, trained-token mask) pairs;
+the extractor's prompts are built and cut exactly as `rollout.extractor.ExtractorClient` builds
+them, and its targets come from `warm_start.lessons`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+
+from crl_jax import envs
+from crl_jax.envs.experts import expert_for, random_agent_for
+from crl_jax.memory import prompts
+from crl_jax.memory.text_store import Entry
+from crl_jax.rollout.actor import first_user_message
+from crl_jax.rollout.extractor import fit_prompt
+from crl_jax.tokenizer import Tokenizer
+from crl_jax.warm_start import lessons
+
+
+@dataclasses.dataclass
+class Demo:
+    task: str
+    seed: int
+    epsilon: float                          # probability of a random action at each turn
+    messages: list[dict]
+    facts: lessons.EpisodeFacts
+    entry: tuple[str, str] | None = None    # (title, content) injected into the system prompt
+    searched: bool = False                  # opens with a search-and-ask call
+
+
+def _render(entry: tuple[str, str]) -> str:
+    return Entry(0, "", entry[0], entry[1], "", 0).render()
+
+
+def play_demo(env, task: str, seed: int, epsilon: float, rng: np.random.Generator, *, max_turns: int,
+              entry: tuple[str, str] | None, tools: bool, search: bool) -> Demo:
+    """One scripted episode as the actor loop would record it."""
+    observation, info = env.reset(seed)
+    expert, random_agent = expert_for(env), random_agent_for(env, seed=seed)
+    expert.reset(env, observation, info)
+    random_agent.reset(env, observation, info)
+    system = env.system_prompt + ("\n\n" + prompts.SEARCH_TOOL_TEXT if tools else "")
+    if entry is not None:
+        system = prompts.inject_experience(system, _render(entry))
+    messages = [{"role": "system", "content": system},
+                {"role": "user", "content": first_user_message(info.get("goal", ""), observation)}]
+    turns = max_turns or env.max_turns
+    if search and entry is not None:  # a tool call uses a turn, as in the actor loop
+        messages += [{"role": "assistant",
+                      "content": f"{prompts.SEARCH_OPEN}{lessons.QUESTION}{prompts.SEARCH_CLOSE}"},
+                     {"role": "user",
+                      "content": prompts.search_result_text(lessons.refine_reply(entry[1]))}]
+        turns -= 1
+    actions, success, invalid = 0, False, 0
+    for _ in range(turns):
+        action = expert.act(observation, info)
+        if rng.random() < epsilon:
+            action = random_agent.act(observation, info)
+        messages.append({"role": "assistant", "content": action})
+        observation, _, terminated, truncated, info = env.step(action)
+        actions += 1
+        success = bool(info.get("success", False))
+        invalid = int(info.get("invalid_actions", invalid))
+        if terminated or truncated:
+            break
+        messages.append({"role": "user", "content": observation})
+    if messages[-1]["role"] == "user":
+        messages.pop()  # the actor loop never trains on (or shows) the last observation
+    facts = lessons.EpisodeFacts(task, success, actions, invalid, max_turns or env.max_turns)
+    return Demo(task, seed, epsilon, messages, facts, entry, search and entry is not None)
+
+
+def collect_demos(tasks: Sequence[dict], *, max_turns: int, epsilons: Sequence[float],
+                  guided_fraction: float, search_fraction: float, tools: bool, seed: int,
+                  progress=None) -> list[Demo]:
+    """One demo per task spec ({"env", "seed"}), epsilons cycling over the demos. Guided demos
+    carry one of their family's lessons (drawn at random) in the system prompt."""
+    pool: dict[str, object] = {}
+    out = []
+    try:
+        for i, task in enumerate(tasks):
+            rng = np.random.default_rng([seed, i])
+            name = task["env"]
+            env = pool.get(name) or pool.setdefault(name, envs.make(name))
+            guided = rng.random() < guided_fraction
+            options = lessons.all_lessons(name)
+            entry = options[int(rng.integers(len(options)))] if guided else None
+            out.append(play_demo(env, name, int(task["seed"]), float(epsilons[i % len(epsilons)]), rng,
+                                 max_turns=max_turns, entry=entry, tools=tools and guided,
+                                 search=guided and rng.random() < search_fraction))
+            if progress is not None:
+                progress(i + 1, len(tasks))
+    finally:
+        for env in pool.values():
+            env.close()
+    return out
+
+
+# ---- token examples --------------------------------------------------------------------------
+Example = tuple[np.ndarray, np.ndarray]   # (ids [T] int32, trained mask [T] bool)
+
+
+def actor_examples(tokenizer: Tokenizer, demos: Sequence[Demo]) -> list[Example]:
+    """The actor's behaviour-cloning sequences: every assistant turn (and its end marker) trained."""
+    out = []
+    for demo in demos:
+        encoded = tokenizer.encode_chat(demo.messages)
+        out.append((encoded.ids, encoded.assistant_mask))
+    return out
+
+
+def _reply_example(tokenizer: Tokenizer, messages: list[dict], reply: str, room: int) -> Example:
+    prompt = fit_prompt(tokenizer.encode_chat(messages, add_generation_prompt=True).ids.tolist(), room)
+    response = tokenizer.encode(reply) + [tokenizer.eos_id]
+    ids = np.asarray(prompt + response, np.int32)
+    mask = np.zeros(len(ids), bool)
+    mask[len(prompt):] = True
+    return ids, mask
+
+
+def extractor_examples(tokenizer: Tokenizer, demos: Sequence[Demo], *, room: int, merges: int,
+                       seed: int) -> tuple[list[Example], dict[str, int]]:
+    """Distillation replies for every demo, refinement replies for the demos that searched, and
+    `merges` merge replies over random chunks of their family's lessons (with repeats, so some
+    chunks need merging). `room` is the extractor's prompt budget (cache minus new tokens)."""
+    out, counts = [], {"distill": 0, "refine": 0, "merge": 0}
+    for demo in demos:
+        retrieved = [demo.entry] if demo.entry is not None else []
+        messages = prompts.distill_messages(demo.facts.success, demo.messages,
+                                            [_render(e) for e in retrieved])
+        out.append(_reply_example(tokenizer, messages, lessons.distill_reply(demo.facts, retrieved), room))
+        counts["distill"] += 1
+        if demo.searched:
+            messages = prompts.refine_messages(lessons.QUESTION, _render(demo.entry))
+            out.append(_reply_example(tokenizer, messages, lessons.refine_reply(demo.entry[1]), room))
+            counts["refine"] += 1
+    rng = np.random.default_rng([seed, 7])
+    names = sorted({d.task for d in demos})
+    for _ in range(merges if names else 0):
+        options = lessons.all_lessons(names[int(rng.integers(len(names)))])
+        chunk = [options[int(i)] for i in rng.integers(len(options), size=int(rng.integers(2, 5)))]
+        messages = prompts.merge_messages([_render(e) for e in chunk])
+        out.append(_reply_example(tokenizer, messages, lessons.merge_reply(chunk), room))
+        counts["merge"] += 1
+    return out, counts

@@ -1,0 +1,166 @@
+"""Warm start: scripted demos in the actor loop's exact format, well-formed extractor targets, the
+supervised step against a numpy NLL, and the cached result reused."""
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from crl_jax import envs, models, sharding
+from crl_jax.config import WarmStartConfig
+from crl_jax.memory import ops, prompts
+from crl_jax.rl.sft import make_sft_step, sft_batch
+from crl_jax.rl.state import OptimizerConfig, TrainState, create_sharded_state, make_optimizer
+from crl_jax.rollout.vocabulary import build_tokenizer
+from crl_jax.warm_start import WarmStartInputs, demos, length_bucket, lessons, run_warm_start
+
+TASK = "sokoban/6x6-2box"   # fast to reset; has a scripted expert
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tokenizer([TASK])
+
+
+@pytest.fixture(scope="module")
+def demo_set():
+    tasks = [{"env": TASK, "seed": s} for s in range(12)]
+    return demos.collect_demos(tasks, max_turns=12, epsilons=(0.0, 1.0), guided_fraction=0.5,
+                               search_fraction=1.0, tools=True, seed=3)
+
+
+def test_demos_follow_the_actor_loop_format(demo_set, tokenizer):
+    experts = [d for d in demo_set if d.epsilon == 0.0]
+    randoms = [d for d in demo_set if d.epsilon == 1.0]
+    # Pure expert play solves the task; pure random play mostly does not: the mix is imperfect.
+    assert all(d.facts.success for d in experts)
+    assert np.mean([d.facts.success for d in randoms]) < 0.5
+    guided = [d for d in demo_set if d.entry is not None]
+    assert guided and len(guided) < len(demo_set)
+    for d in demo_set:
+        system = d.messages[0]["content"]
+        assert (prompts.SEARCH_TOOL_TEXT in system) == (d.entry is not None)
+        if d.entry is not None:
+            assert d.entry[1] in system and prompts.strip_injection(system).find(d.entry[1]) < 0
+        assert d.messages[-1]["role"] == "assistant"
+        roles = [m["role"] for m in d.messages[1:]]
+        assert roles[::2] == ["user"] * len(roles[::2]) and roles[1::2] == ["assistant"] * len(roles[1::2])
+        # Every action turn is one answer tag; a searched demo opens with the tool call.
+        answers = [m["content"] for m in d.messages if m["role"] == "assistant"]
+        if d.searched:
+            assert answers[0].startswith(prompts.SEARCH_OPEN) and answers[0].endswith(prompts.SEARCH_CLOSE)
+            assert d.messages[3]["content"].startswith("Search results: ")
+            answers = answers[1:]
+        assert len(answers) == d.facts.actions
+        assert all(a.startswith("<answer>") and a.endswith("</answer>") for a in answers)
+    # The BC targets are exactly the assistant turns, and the tokenizer knows every word of them.
+    ids, mask = demos.actor_examples(tokenizer, demo_set[:1])[0]
+    trained = tokenizer.decode(ids[mask].tolist(), skip_special_tokens=True)
+    assert trained == "".join(m["content"] for m in demo_set[0].messages if m["role"] == "assistant")
+    assert tokenizer.token_id("<unk>") not in ids[mask].tolist()
+
+
+def test_extractor_targets_parse_as_bank_operations(demo_set, tokenizer):
+    examples, counts = demos.extractor_examples(tokenizer, demo_set, room=900, merges=20, seed=0)
+    assert counts["distill"] == len(demo_set) and counts["refine"] == sum(d.searched for d in demo_set)
+    assert counts["merge"] == 20 and len(examples) == sum(counts.values())
+    kinds = {"ok": 0, "return": 0}
+    for demo in demo_set:
+        retrieved = [demo.entry] if demo.entry else []
+        parsed = ops.parse_operations(lessons.distill_reply(demo.facts, retrieved), len(retrieved))
+        assert parsed.reason in ("ok", "return"), parsed.reason
+        kinds[parsed.reason] += 1
+    assert kinds["ok"] > 0
+    for ids, mask in examples:
+        assert len(ids) - mask.sum() <= 900          # prompts cut to the extractor's budget
+        assert tokenizer.decode(ids[mask].tolist()).endswith("<|im_end|>")
+        assert tokenizer.token_id("<unk>") not in ids[mask].tolist()
+    # Merge replies: duplicates collapse into items, a distinct chunk is kept as it is.
+    a, b = lessons.all_lessons(TASK)[:2]
+    items, reason = ops.parse_merge(lessons.merge_reply([a, b, a]))
+    assert reason == "ok" and sorted(items) == sorted([a, b])
+    assert ops.parse_merge(lessons.merge_reply([a, b]))[1] == "return"
+
+
+def test_situation_picks_lesson_by_outcome():
+    facts = lambda **kw: lessons.EpisodeFacts(**{"task": "minihack/room-ultimate-5x5", "success": True,  # noqa: E731
+                                                 "actions": 2, "invalid_actions": 0, "max_turns": 30, **kw})
+    assert lessons.situation(facts()) == "fast"
+    assert lessons.situation(facts(actions=20)) == "slow"
+    assert lessons.situation(facts(success=False)) == "fail"
+    assert lessons.situation(facts(success=False, invalid_actions=3)) == "format"
+    assert lessons.family("shop/x") == "shop" and lessons.family("unknown/x") == "generic"
+
+
+def test_length_bucket():
+    assert [length_bucket(n, 1024) for n in (1, 256, 257, 600, 5000)] == [256, 256, 512, 768, 1024]
+
+
+def _nano_state(vocab, seed=0, lr=1e-2):
+    cfg = models.get_preset("nano", vocab_size=vocab.vocab_size, eos_token_id=vocab.eos_id,
+                            pad_token_id=vocab.pad_id)
+    mesh = sharding.make_mesh((1, -1, 1))
+    tx = make_optimizer(OptimizerConfig(learning_rate=lr))
+    return mesh, create_sharded_state(lambda rngs: models.Decoder(cfg, rngs=rngs), tx, mesh, seed)
+
+
+def test_sft_loss_matches_numpy_and_decreases(tokenizer, demo_set):
+    mesh, state = _nano_state(tokenizer)
+    examples = demos.actor_examples(tokenizer, demo_set[:3])
+    batch = sft_batch(examples, 1024, 4)       # one padding row
+    assert batch.valid.tolist() == [True, True, True, False]
+    model = nnx.merge(state.graphdef, state.params)
+    logits = np.asarray(model(batch.tokens, positions=batch.positions, attention_mask=batch.attention_mask),
+                        np.float64)
+    logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
+        - logits.max(-1, keepdims=True)
+    tokens, mask = np.asarray(batch.tokens), np.asarray(batch.loss_mask) * np.asarray(batch.valid)[:, None]
+    target = np.take_along_axis(logp[:, :-1], tokens[:, 1:, None], -1)[..., 0]
+    assert mask.sum() > 10
+    want = -(target * mask[:, 1:]).sum() / mask.sum()
+    step = make_sft_step(mesh, state, batch)
+    losses = []
+    for _ in range(15):
+        state, out = step(state, batch)
+        losses.append(float(out["loss"]))
+    assert losses[0] == pytest.approx(want, rel=1e-5)
+    assert float(out["tokens"]) == mask.sum()
+    assert losses[-1] < 0.5 * losses[0]
+
+
+def test_run_warm_start_trains_and_reuses_its_cache(tokenizer, tmp_path):
+    mesh, actor = _nano_state(tokenizer, seed=0)
+    _, extractor = _nano_state(tokenizer, seed=1)
+    before = jax.device_get(actor.params)
+    tasks = [{"env": TASK, "seed": s} for s in range(8)]
+    cfg = WarmStartConfig(enabled=True, episodes=8, actor_steps=4, extractor_steps=2, merge_examples=2,
+                          batch_size=4, learning_rate=1e-3)
+
+    def inputs(a, e):
+        return WarmStartInputs(tokenizer, mesh, a, e, tasks, max_turns=6, search_and_ask=True,
+                               actor_max_len=512, extractor_room=400, extractor_max_len=512, seed=0,
+                               digest_extra={"tasks": [TASK]})
+
+    actor_params, ext_params, summary = run_warm_start(cfg, inputs(actor, extractor), str(tmp_path))
+    assert summary["actor"]["steps"] == 4 and summary["extractor"]["steps"] == 2
+    assert summary["demos"]["episodes"] == 8
+    changed = jax.tree.map(lambda a, b: float(np.abs(np.asarray(a) - np.asarray(b)).max()),
+                           jax.device_get(actor_params), before)
+    assert max(jax.tree.leaves(changed)) > 0
+    assert (tmp_path / "warm_start" / "metrics.jsonl").exists()
+
+    # A second start of the same run loads the cached parameters instead of training again.
+    _, actor2 = _nano_state(tokenizer, seed=5)
+    _, extractor2 = _nano_state(tokenizer, seed=6)
+    again, ext_again, summary2 = run_warm_start(cfg, inputs(actor2, extractor2), str(tmp_path))
+    assert summary2 == summary
+    for a, b in zip(jax.tree.leaves(jax.device_get(actor_params)), jax.tree.leaves(jax.device_get(again))):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(jax.tree.leaves(jax.device_get(ext_params)), jax.tree.leaves(jax.device_get(ext_again))):
+        np.testing.assert_array_equal(a, b)
+    # A different warm-start configuration does not reuse it.
+    _, actor3 = _nano_state(tokenizer, seed=5)
+    _, ext3 = _nano_state(tokenizer, seed=6)
+    other = WarmStartConfig(**{**cfg.__dict__, "actor_steps": 3})
+    _, _, summary3 = run_warm_start(other, inputs(actor3, ext3), str(tmp_path))
+    assert summary3["actor"]["steps"] == 3
