@@ -57,6 +57,9 @@ TOOL_CALL_RATE = "rollout/tool_call_rate"
 BANK_SIZE = "bank/size"
 BANK_ADDED, BANK_UPDATED, BANK_DELETED = "bank/added", "bank/updated", "bank/deleted"
 BANK_MERGED = "bank/merged"
+BANK_RETRIEVALS = "bank/retrievals"
+BANK_RETRIEVAL_HITS = "bank/retrieval_hits"
+BANK_REFINEMENTS = "bank/refinements"
 # The train-step metrics keep the names `rl.train_step` gives them ("actor/<name>", "extractor/<name>").
 ACTOR_LOSS, ACTOR_GRAD_NORM = "actor/loss", "actor/grad_norm"
 EXTRACTOR_LOSS, EXTRACTOR_REWARD = "extractor/loss", "extractor/reward"
@@ -85,6 +88,9 @@ METRIC_DOCS: dict[str, str] = {
     BANK_UPDATED: "entries the extractor rewrote this step",
     BANK_DELETED: "entries the extractor deleted this step",
     BANK_MERGED: "entries removed by this step's merge (0 on steps without a merge)",
+    BANK_RETRIEVALS: "retrievals made for this step's guided training episodes",
+    BANK_RETRIEVAL_HITS: "of those, retrievals that injected an entry into the system prompt",
+    BANK_REFINEMENTS: "search_and_ask calls answered with a refined entry this step",
     ACTOR_LOSS: "actor policy loss of the update",
     ACTOR_GRAD_NORM: "global gradient norm of the actor update",
     EXTRACTOR_LOSS: "extractor policy loss (logged on steps that update the extractor)",

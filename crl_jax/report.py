@@ -70,6 +70,21 @@ def series(rows: list[dict], name: str) -> tuple[np.ndarray, np.ndarray]:
     return steps, np.array([by_step[s] for s in steps], dtype=np.float64)
 
 
+def eval_series(rows: list[dict], name: str) -> tuple[np.ndarray, np.ndarray]:
+    """`series` of an evaluation metric, with the evaluation before the first RL step (logged as
+    "start/<name>" in the first row) drawn at step -1."""
+    steps, values = series(rows, name)
+    start_steps, start_values = series(rows, f"{m.START}/{name}")
+    if len(start_steps):
+        steps = np.concatenate([[-1], steps])
+        values = np.concatenate([[start_values[0]], values])
+    return steps, values
+
+
+def _sum(rows: list[dict], name: str) -> float:
+    return float(sum(float(r[name]) for r in rows if r.get(name) is not None))
+
+
 def _fmt(v: float) -> str:
     return f"{v:.4g}"
 
@@ -143,6 +158,7 @@ def write_report(workdir: str) -> str:
                    for p, (s, v) in evals.items() if len(s)]
         if counted:
             out += ["", "Evaluation episodes: " + ", ".join(counted) + "."]
+        out += _before_after(rows) + _bank_section(rows) + _warm_start_section(rows)
         tasks, last = _per_task(rows)
         if tasks:
             cols = [m.key(p, f) for f in (m.SUCCESS, m.ACTIONS)
@@ -155,7 +171,8 @@ def write_report(workdir: str) -> str:
                 out.append(f"| {task} | " + " | ".join(cells) + " |")
         out += ["", "## Plots", ""]
         for fname, title, ylabel, names in PLOTS:
-            lines = [(n, *series(rows, n)) for n in names]
+            lines = [(n, *(eval_series(rows, n) if n.startswith("eval/") else series(rows, n)))
+                     for n in names]
             lines = [line for line in lines if len(line[1])]
             if lines:
                 _plot(os.path.join(workdir, fname), title, ylabel, lines)
@@ -164,6 +181,63 @@ def write_report(workdir: str) -> str:
     with open(report, "w", encoding="utf-8") as f:
         f.write("\n".join(out).rstrip() + "\n")
     return report
+
+
+def _before_after(rows: list[dict]) -> list[str]:
+    """Test-split evaluation before the first RL step (after any warm start) against the last."""
+    out = []
+    for prefix in (m.EVAL_WITHOUT_EXP, m.EVAL_WITH_EXP):
+        start = {f: series(rows, f"{m.START}/{m.key(prefix, f)}") for f in (m.SUCCESS, m.ACTIONS, m.EPISODES)}
+        end = {f: series(rows, m.key(prefix, f)) for f in (m.SUCCESS, m.ACTIONS, m.EPISODES)}
+        if not len(start[m.SUCCESS][0]) or not len(end[m.SUCCESS][0]):
+            continue
+        cell = lambda d, f, i: _fmt(d[f][1][i]) if len(d[f][0]) else ""  # noqa: E731
+        out.append(f"| `{prefix}` | {cell(start, m.SUCCESS, 0)} | {cell(start, m.ACTIONS, 0)} | "
+                   f"{cell(start, m.EPISODES, 0)} | {end[m.SUCCESS][0][-1]} | {cell(end, m.SUCCESS, -1)} | "
+                   f"{cell(end, m.ACTIONS, -1)} | {cell(end, m.EPISODES, -1)} |")
+    if not out:
+        return []
+    return ["", "## Test split before and after RL", "",
+            "Before: after the warm start, before the first RL step. Success rate, actions per "
+            "episode and number of test episodes.", "",
+            "| evaluation | success before | actions before | episodes | last step | success after "
+            "| actions after | episodes |", "|---|---:|---:|---:|---:|---:|---:|---:|", *out]
+
+
+def _bank_section(rows: list[dict]) -> list[str]:
+    size_steps, sizes = series(rows, m.BANK_SIZE)
+    if not len(size_steps):
+        return []
+    lines = [f"- live entries at the end: {int(sizes[-1])} (largest: {int(sizes.max())})"]
+    written = _sum(rows, "distill/entries_written")
+    reasons = {k[len("distill/"):]: _sum(rows, k) for k in sorted({k for r in rows for k in r})
+               if k.startswith("distill/") and k != "distill/entries_written"}
+    if reasons:
+        total = sum(reasons.values())
+        lines.append(f"- distillation outputs: {int(total)}; entries written: {int(written)}; by outcome: "
+                     + ", ".join(f"{k} {int(v)}" for k, v in reasons.items() if v))
+    retrievals, hits = _sum(rows, m.BANK_RETRIEVALS), _sum(rows, m.BANK_RETRIEVAL_HITS)
+    if retrievals:
+        lines.append(f"- retrievals for guided training episodes: {int(retrievals)}, of which "
+                     f"{int(hits)} injected an entry; search_and_ask refinements: "
+                     f"{int(_sum(rows, m.BANK_REFINEMENTS))}")
+    merges = _sum(rows, "bank/merge_calls")
+    if merges:
+        lines.append(f"- merge calls: {int(merges)}")
+    return ["", "## Experience bank", "", *lines]
+
+
+def _warm_start_section(rows: list[dict]) -> list[str]:
+    first = next((r for r in rows if r.get("warm_start/actor_loss") is not None), None)
+    if first is None:
+        return []
+    lines = [f"- scripted demonstrations: success {_fmt(first.get('warm_start/demo_success', 0.0))}",
+             f"- actor behaviour-cloning loss at the end: {_fmt(first['warm_start/actor_loss'])}"]
+    if first.get("warm_start/extractor_loss") is not None:
+        lines.append(f"- extractor SFT loss at the end: {_fmt(first['warm_start/extractor_loss'])}")
+    lines.append(f"- wall time: {_fmt(first.get('warm_start/time_s', 0.0))} s (curves: "
+                 "warm_start/metrics.jsonl and TensorBoard)")
+    return ["", "## Warm start", "", *lines]
 
 
 def main(argv=None) -> int:

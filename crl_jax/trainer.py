@@ -264,7 +264,15 @@ class Trainer:
 
         specs = self._episode_specs(tasks)
         use_memory = self.experience is not None and not warm
+        # Per-step retrieval counts (the service's counters are cumulative; read key by key,
+        # since a background distillation may be adding other keys meanwhile).
+        counted = ((metrics_lib.BANK_RETRIEVALS, "retrievals"),
+                   (metrics_lib.BANK_RETRIEVAL_HITS, "retrieval_hits"),
+                   (metrics_lib.BANK_REFINEMENTS, "refinements"))
+        before = {name: self.experience.stats[name] for _, name in counted} if self.experience else {}
         trajectories, entries = self.rollout(specs, step, use_memory, seed=self._seed(step, 0))
+        for key, name in counted if self.experience is not None else ():
+            metrics[key] = float(self.experience.stats[name] - before[name])
         metrics["time/actor_rollout_s"] = self.actor_loop.last_timings["actor_rollout_s"]
         metrics.update(episode_metrics(trajectories, metrics_lib.TRAIN))
         metrics.update(episode_metrics([t for t in trajectories if t.spec.guided],
@@ -340,7 +348,7 @@ class Trainer:
         return {k: float(v) for k, v in jax.device_get(metrics).items()}
 
     # ---- evaluation --------------------------------------------------------------------------
-    def evaluate(self, step: int) -> dict[str, float]:
+    def evaluate(self, step: int, salt: int = 100) -> dict[str, float]:
         """Test-split success and actions, without and (if there is a bank) with experience. The
         bank's retrieval counters are not touched, so evaluating never changes training."""
         cfg, out = self.cfg, {}
@@ -351,7 +359,7 @@ class Trainer:
         if cfg.eval.with_experience and self.experience is not None:
             variants.append((metrics_lib.EVAL_WITH_EXP, True))
         width = cfg.rollout.groups_per_step * cfg.rollout.group_size
-        for salt, (prefix, with_exp) in enumerate(variants):
+        for offset, (prefix, with_exp) in enumerate(variants):
             specs = [EpisodeSpec(t["env"], int(t["seed"]), i, with_exp)
                      for i, t in enumerate(self.test_tasks)]
             trajectories = []
@@ -359,7 +367,7 @@ class Trainer:
                 chunk = specs[start:start + width]
                 # Same batch width as training, so the compiled sampler is reused.
                 padded = chunk + [chunk[0]] * (width - len(chunk))
-                trajs, _ = self.rollout(padded, step, with_exp, seed=self._seed(step, 100 + salt),
+                trajs, _ = self.rollout(padded, step, with_exp, seed=self._seed(step, salt + offset),
                                         count_retrievals=False)
                 trajectories += trajs[:len(chunk)]
             out.update(episode_metrics(trajectories, prefix))
@@ -472,7 +480,8 @@ class Trainer:
             if "extractor" in summary:
                 out["warm_start/extractor_loss"] = summary["extractor"]["loss_last"] or 0.0
         if self.cfg.eval.at_start:
-            out.update({f"{metrics_lib.START}/{k}": v for k, v in self.evaluate(-1).items()})
+            # At step 0's bank state, with its own sampling seeds.
+            out.update({f"{metrics_lib.START}/{k}": v for k, v in self.evaluate(0, salt=200).items()})
         return out
 
     def _seed(self, step: int, salt: int) -> int:

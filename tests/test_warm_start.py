@@ -14,12 +14,25 @@ from crl_jax.rl.state import OptimizerConfig, TrainState, create_sharded_state, 
 from crl_jax.rollout.vocabulary import build_tokenizer
 from crl_jax.warm_start import WarmStartInputs, demos, length_bucket, lessons, run_warm_start
 
-TASK = "sokoban/6x6-2box"   # fast to reset; has a scripted expert
+TASK = "sokoban/6x6-2box"   # a real environment: fast to reset, has a scripted expert
+SHORT = "test/corridor"     # short prompts, so the JAX tests compile one small shape
+envs.register(SHORT, "tests.corridor_env", "CorridorEnv")
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
     return build_tokenizer([TASK])
+
+
+@pytest.fixture(scope="module")
+def short_tokenizer():
+    return build_tokenizer([SHORT])
+
+
+def short_demos(n=8):
+    tasks = [{"env": SHORT, "seed": s} for s in range(n)]
+    return demos.collect_demos(tasks, max_turns=4, epsilons=(0.0, 1.0), guided_fraction=0.0,
+                               search_fraction=0.0, tools=False, seed=0)
 
 
 @pytest.fixture(scope="module")
@@ -104,10 +117,11 @@ def _nano_state(vocab, seed=0, lr=1e-2):
     return mesh, create_sharded_state(lambda rngs: models.Decoder(cfg, rngs=rngs), tx, mesh, seed)
 
 
-def test_sft_loss_matches_numpy_and_decreases(tokenizer, demo_set):
+def test_sft_loss_matches_numpy_and_decreases(short_tokenizer):
+    tokenizer = short_tokenizer
     mesh, state = _nano_state(tokenizer)
-    examples = demos.actor_examples(tokenizer, demo_set[:3])
-    batch = sft_batch(examples, 1024, 4)       # one padding row
+    examples = demos.actor_examples(tokenizer, short_demos(3))
+    batch = sft_batch(examples, 128, 4)        # one padding row
     assert batch.valid.tolist() == [True, True, True, False]
     model = nnx.merge(state.graphdef, state.params)
     logits = np.asarray(model(batch.tokens, positions=batch.positions, attention_mask=batch.attention_mask),
@@ -128,18 +142,20 @@ def test_sft_loss_matches_numpy_and_decreases(tokenizer, demo_set):
     assert losses[-1] < 0.5 * losses[0]
 
 
-def test_run_warm_start_trains_and_reuses_its_cache(tokenizer, tmp_path):
+def test_run_warm_start_trains_and_reuses_its_cache(short_tokenizer, tmp_path):
+    tokenizer = short_tokenizer
     mesh, actor = _nano_state(tokenizer, seed=0)
     _, extractor = _nano_state(tokenizer, seed=1)
     before = jax.device_get(actor.params)
-    tasks = [{"env": TASK, "seed": s} for s in range(8)]
+    tasks = [{"env": SHORT, "seed": s} for s in range(8)]
     cfg = WarmStartConfig(enabled=True, episodes=8, actor_steps=4, extractor_steps=2, merge_examples=2,
                           batch_size=4, learning_rate=1e-3)
 
     def inputs(a, e):
-        return WarmStartInputs(tokenizer, mesh, a, e, tasks, max_turns=6, search_and_ask=True,
-                               actor_max_len=512, extractor_room=400, extractor_max_len=512, seed=0,
-                               digest_extra={"tasks": [TASK]})
+        # Prompts longer than the extractor's budget are cut (here: all distillation prompts).
+        return WarmStartInputs(tokenizer, mesh, a, e, tasks, max_turns=4, search_and_ask=True,
+                               actor_max_len=256, extractor_room=150, extractor_max_len=256, seed=0,
+                               digest_extra={"tasks": [SHORT]})
 
     actor_params, ext_params, summary = run_warm_start(cfg, inputs(actor, extractor), str(tmp_path))
     assert summary["actor"]["steps"] == 4 and summary["extractor"]["steps"] == 2

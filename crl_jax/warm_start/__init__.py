@@ -79,7 +79,7 @@ def train_supervised(name: str, state: TrainState, examples, *, steps: int, batc
     """`steps` supervised updates of `state`'s params on `examples`; returns (params, summary).
     The RL optimiser state is untouched: the warm start has its own AdamW."""
     tx = make_optimizer(OptimizerConfig(learning_rate=learning_rate, max_grad_norm=1.0))
-    sft_state = TrainState.create(state.graphdef, state.params, tx, state.rng)
+    sft_state = TrainState.create(state.graphdef, state.params, tx, jax.random.PRNGKey(seed))
     # Its fresh Adam moments are sharded like the params they track (the step donates the state,
     # so the caller's params are consumed: it takes the returned ones).
     sft_state = jax.device_put(sft_state, state_shardings(mesh, sft_state))

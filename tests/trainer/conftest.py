@@ -14,6 +14,7 @@ from crl_jax import config, envs
 from tests.trainer.tiny_config import tiny_run
 
 envs.register("test/coin", "tests.trainer.coin_env", "CoinEnv")
+envs.register("test/corridor", "tests.corridor_env", "CorridorEnv")
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,47 @@
+"""The warm start inside a run: it trains before the first RL step, is evaluated, is logged and
+reported, and a restart of the run reuses its cache (in-process, nano models)."""
+
+import json
+
+from crl_jax import trainer as trainer_lib
+
+WARM = {
+    "tasks": ("test/corridor",), "steps": 2,
+    "rollout": {"max_turns": 4, "max_new_tokens": 6},
+    "warm_start": {"enabled": True, "episodes": 16, "actor_steps": 6, "extractor_steps": 2,
+                   "merge_examples": 2, "batch_size": 4, "learning_rate": 3e-3},
+    "eval": {"every": 0, "tasks_per_env": 4, "at_start": True},
+    "extractor": {"batch_size": 2, "max_new_tokens": 16, "cache_length": 256},
+    "rl": {"max_seq_len": 256},
+}
+
+
+def test_warm_start_runs_before_rl_and_is_reported(make_config, tmp_path):
+    cfg = make_config(**WARM)
+    trainer_lib.Trainer(cfg, str(tmp_path)).run()
+    with open(tmp_path / "metrics.jsonl") as f:
+        rows = [json.loads(line) for line in f]
+    first = rows[0]
+    assert first["step"] == 0
+    # The warm start's figures and the evaluation before RL ride on the first row only.
+    for key in ("warm_start/actor_loss", "warm_start/demo_success", "start/eval/without_exp/success",
+                "start/eval/with_exp/success", "start/eval/without_exp/episodes"):
+        assert key in first, key
+        assert all(key not in r for r in rows[1:])
+    assert first["start/eval/without_exp/episodes"] == 4
+    assert rows[-1]["eval/without_exp/episodes"] == 4          # the final evaluation
+    assert "bank/retrievals" in rows[-1]
+    with open(tmp_path / "warm_start" / "metrics.jsonl") as f:
+        curve = [json.loads(line) for line in f]
+    assert [r["step"] for r in curve] == list(range(8))         # 6 actor + 2 extractor updates
+    assert curve[5]["actor/loss"] < curve[0]["actor/loss"]
+    report = (tmp_path / "report.md").read_text()
+    for section in ("## Test split before and after RL", "## Experience bank", "## Warm start"):
+        assert section in report, section
+
+    # Another start of the same run reuses the cached warm start.
+    again = trainer_lib.Trainer(cfg, str(tmp_path))
+    summary = again.warm_start()
+    assert summary["actor"]["steps"] == 6
+    with open(tmp_path / "warm_start" / "metrics.jsonl") as f:
+        assert len(f.readlines()) == 8                            # nothing retrained
