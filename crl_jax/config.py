@@ -111,6 +111,7 @@ class WarmStartConfig:
     merge_examples: int = 32
     batch_size: int = 16
     learning_rate: float = 1e-3
+    extractor_learning_rate: float = 1e-3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -277,8 +278,9 @@ def _cross_checks(cfg: RunConfig) -> list[str]:
             problems.append(f"warm_start.{name}: must be in [0, 1]; got {getattr(w, name)}")
     if not w.epsilons or any(not 0 <= e <= 1 for e in w.epsilons):
         problems.append(f"warm_start.epsilons: one or more values in [0, 1]; got {w.epsilons}")
-    if w.enabled and not w.learning_rate > 0:
-        problems.append(f"warm_start.learning_rate: must be > 0; got {w.learning_rate}")
+    for name in ("learning_rate", "extractor_learning_rate"):
+        if w.enabled and not getattr(w, name) > 0:
+            problems.append(f"warm_start.{name}: must be > 0; got {getattr(w, name)}")
     if not 0 <= cfg.memory.demote_probability <= 1:
         problems.append(f"memory.demote_probability: must be in [0, 1]; got {cfg.memory.demote_probability}")
     return problems

@@ -10,6 +10,7 @@ from crl_jax import envs, models, sharding
 from crl_jax.config import WarmStartConfig
 from crl_jax.memory import ops, prompts
 from crl_jax.rl.sft import make_sft_step, sft_batch
+from crl_jax.rollout.extractor import prompt_ids
 from crl_jax.rl.state import OptimizerConfig, TrainState, create_sharded_state, make_optimizer
 from crl_jax.rollout.vocabulary import build_tokenizer
 from crl_jax.warm_start import WarmStartInputs, demos, length_bucket, lessons, run_warm_start
@@ -88,6 +89,13 @@ def test_extractor_targets_parse_as_bank_operations(demo_set, tokenizer):
         assert len(ids) - mask.sum() <= 900          # prompts cut to the extractor's budget
         assert tokenizer.decode(ids[mask].tolist()).endswith("<|im_end|>")
         assert tokenizer.token_id("<unk>") not in ids[mask].tolist()
+    # A prompt cut to the budget keeps the instructions, the outcome and the generation prompt.
+    long = max(demo_set, key=lambda d: len(d.messages))
+    messages = prompts.distill_messages(long.facts.success, long.messages, [])
+    cut = tokenizer.decode(prompt_ids(tokenizer, messages, 500))
+    assert len(prompt_ids(tokenizer, messages, 500)) == 500
+    assert prompts.DISTILL_SYSTEM[-40:] in cut and ("SUCCESS" if long.facts.success else "FAILURE") in cut
+    assert cut.endswith("<|im_start|>assistant\n") and prompts.NO_MEMORIES in cut
     # Merge replies: duplicates collapse into items, a distinct chunk is kept as it is.
     a, b = lessons.all_lessons(TASK)[:2]
     items, reason = ops.parse_merge(lessons.merge_reply([a, b, a]))

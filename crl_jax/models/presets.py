@@ -18,6 +18,12 @@ _DECODER_PRESETS: dict[str, DecoderConfig] = {
         vocab_size=1024, hidden_size=256, intermediate_size=768, num_layers=4, num_heads=4,
         num_kv_heads=2, head_dim=64, rope_theta=10000.0, rms_norm_eps=1e-6, tie_embeddings=True,
         max_position_embeddings=8192, model_type="qwen2", qkv_bias=True),
+    # About a million parameters: the embedded default run's actor and extractor, sized so that a
+    # warm start plus RL fits 15 minutes on two CPU cores (tiny costs ~3x more per token there).
+    "micro": DecoderConfig(
+        vocab_size=1024, hidden_size=128, intermediate_size=384, num_layers=4, num_heads=4,
+        num_kv_heads=2, head_dim=32, rope_theta=10000.0, rms_norm_eps=1e-6, tie_embeddings=True,
+        max_position_embeddings=8192, model_type="qwen2", qkv_bias=True),
     # Smaller still: end-to-end tests and smoke runs of the whole training loop.
     "nano": DecoderConfig(
         vocab_size=1024, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,

@@ -14,13 +14,27 @@ from crl_jax.sampling import Sampler
 from crl_jax.tokenizer import Tokenizer
 
 
-def fit_prompt(ids: list[int], room: int) -> list[int]:
+# Tokens of the user message kept with the system message when a prompt is cut: its opening
+# (the distillation prompt's "## Outcome" line).
+_USER_OPENING = 24
+
+
+def fit_prompt(ids: list[int], room: int, head: int | None = None) -> list[int]:
     """`ids` cut to at most `room` tokens. Long transcripts lose their middle: the instructions at
-    the start and the most recent turns plus the generation prompt at the end matter most."""
+    the start (the first `head` tokens, at most two thirds of `room`; default a third) and the most
+    recent turns plus the generation prompt at the end matter most."""
     if len(ids) <= room:
         return ids
-    head = room // 3
+    head = room // 3 if head is None else min(head, 2 * room // 3)
     return ids[:head] + ids[len(ids) - (room - head):]
+
+
+def prompt_ids(tokenizer: Tokenizer, messages: Sequence[dict], room: int) -> list[int]:
+    """The extractor's prompt for `messages`, cut to `room` tokens keeping the whole system
+    message (the task instructions) and the opening of the user message when they fit."""
+    ids = tokenizer.encode_chat(messages, add_generation_prompt=True).ids.tolist()
+    system = len(tokenizer.encode_turn(messages[0])[0]) if messages and messages[0]["role"] == "system" else 0
+    return fit_prompt(ids, room, head=system + _USER_OPENING)
 
 
 def _bucket(n: int) -> int:
@@ -41,8 +55,8 @@ class ExtractorClient:
         self.generated_tokens = 0
 
     def _prompt(self, messages: Sequence[dict]) -> list[int]:
-        ids = self.tokenizer.encode_chat(messages, add_generation_prompt=True).ids.tolist()
-        return fit_prompt(ids, self.sampler.spec.cache_length - self.sampler.spec.max_new_tokens)
+        return prompt_ids(self.tokenizer, messages,
+                          self.sampler.spec.cache_length - self.sampler.spec.max_new_tokens)
 
     def generate(self, params, conversations: Sequence[Sequence[dict]], seed: int,
                  kind: str) -> list[tuple[str, Generation]]:

@@ -159,7 +159,7 @@ def run_warm_start(cfg: WarmStartConfig, inputs: WarmStartInputs, workdir: str):
             seed=inputs.seed)
         extractor_params, ext_summary = train_supervised(
             "extractor", inputs.extractor_state, examples, steps=cfg.extractor_steps,
-            batch_size=cfg.batch_size, learning_rate=cfg.learning_rate,
+            batch_size=cfg.batch_size, learning_rate=cfg.extractor_learning_rate,
             max_len=inputs.extractor_max_len, mesh=inputs.mesh, seed=inputs.seed + 1, writer=writer,
             step_offset=cfg.actor_steps)
         summary["extractor"] = {**ext_summary, **counts}

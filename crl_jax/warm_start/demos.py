@@ -25,7 +25,7 @@ from crl_jax.envs.experts import expert_for, random_agent_for
 from crl_jax.memory import prompts
 from crl_jax.memory.text_store import Entry
 from crl_jax.rollout.actor import first_user_message
-from crl_jax.rollout.extractor import fit_prompt
+from crl_jax.rollout.extractor import prompt_ids
 from crl_jax.tokenizer import Tokenizer
 from crl_jax.warm_start import lessons
 
@@ -123,7 +123,7 @@ def actor_examples(tokenizer: Tokenizer, demos: Sequence[Demo]) -> list[Example]
 
 
 def _reply_example(tokenizer: Tokenizer, messages: list[dict], reply: str, room: int) -> Example:
-    prompt = fit_prompt(tokenizer.encode_chat(messages, add_generation_prompt=True).ids.tolist(), room)
+    prompt = prompt_ids(tokenizer, messages, room)
     response = tokenizer.encode(reply) + [tokenizer.eos_id]
     ids = np.asarray(prompt + response, np.int32)
     mask = np.zeros(len(ids), bool)
