@@ -68,6 +68,14 @@ def test_rows_from_script_outputs_ratio_target_and_met():
     assert fits["ratio"] == pytest.approx(80 / 95.74, abs=1e-3)
     assert oom["met"] is False and oom["crl_jax"] is None and "Ran out of memory" in oom["notes"]
 
+    envs_out = "| env | ... (markdown table) |\n" + json.dumps({
+        "benchmark": "envs", "seeds": 10, "skipped": [["alfworld/data", "ImportError: no alfworld"]],
+        "rows": [{"env": "sokoban/6x6-2box", "expert_success": 1.0, "random_success": 0.1,
+                  "expert_turns": 6.0, "random_turns": 28.7, "steps_per_s": 11572.0}]})
+    sokoban, skipped = run_all.collect(BENCH["envs"], "c", 0, envs_out, "", 1.0)["rows"]
+    assert (sokoban["crl_jax"], sokoban["reference"], sokoban["ratio"]) == (1.0, 0.1, None)
+    assert skipped["case"] == "alfworld/data (skipped)" and "no alfworld" in skipped["notes"]
+
 
 def test_make_row_ratio_and_target_directions():
     assert run_all.make_row("b", "c", 2.0, 4.0, "ms", target=("<=", 1.0))["met"] is True
