@@ -227,20 +227,22 @@ def parse_json_lines(stdout: str) -> list[dict]:
 
 
 def last_line(text: str) -> str:
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    """The last line that says something (XLA frames its warnings with lines of asterisks)."""
+    lines = [ln.strip() for ln in text.splitlines() if any(c.isalnum() for c in ln)]
     return lines[-1][:300] if lines else ""
 
 
 def collect(bench: Bench, command: str, returncode: int | None, stdout: str, stderr: str,
-            elapsed_s: float, timed_out: bool = False) -> dict:
+            elapsed_s: float, timed_out: bool = False, timeout_s: float | None = None) -> dict:
     """One benchmark's result from its exit status and output: status "ok", "failed" (non-zero
     exit, or output that does not parse into rows) or "timeout"."""
     result = {"name": bench.name, "command": command, "returncode": returncode,
               "elapsed_s": round(elapsed_s, 1), "status": "ok", "error": None, "records": [],
               "rows": []}
     if timed_out:
-        result.update(status="timeout", error=f"timed out after {bench.timeout_s:.0f} s; last "
-                                               f"stderr line: {last_line(stderr)}")
+        limit = bench.timeout_s if timeout_s is None else timeout_s
+        result.update(status="timeout", error=f"timed out after {limit:.0f} s; last stderr "
+                                               f"line: {last_line(stderr)}")
         return result
     if returncode != 0:
         result.update(status="failed", error=last_line(stderr) or f"exit status {returncode}")
@@ -285,7 +287,8 @@ def run_one(bench: Bench, quick: bool, timeout_s: float | None = None, heartbeat
         elapsed = time.time() - start
         out.seek(0)
         err.seek(0)
-        return collect(bench, command, proc.returncode, out.read(), err.read(), elapsed, timed_out)
+        return collect(bench, command, proc.returncode, out.read(), err.read(), elapsed, timed_out,
+                       timeout_s)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -357,6 +360,15 @@ def select(only: str | None) -> list[Bench]:
     return [known[n] for n in names]
 
 
+def render_only(folder: str) -> int:
+    """Rewrite results.md from results.json (e.g. after a change to the table's layout)."""
+    with open(os.path.join(folder, "results.json")) as f:
+        summary = json.load(f)
+    with open(os.path.join(folder, "results.md"), "w") as f:
+        f.write(render_markdown(summary["benchmarks"], summary))
+    return 1 if summary["failed"] else 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default=None, help="comma-separated benchmark names")
@@ -364,7 +376,11 @@ def main(argv=None) -> int:
     parser.add_argument("--timeout", type=float, default=None,
                         help="seconds per benchmark (default: each benchmark's own)")
     parser.add_argument("--out", default=HERE, help="folder for results.md and results.json")
+    parser.add_argument("--render", action="store_true",
+                        help="only rewrite results.md from the results.json in --out")
     args = parser.parse_args(argv)
+    if args.render:
+        return render_only(args.out)
     benches = select(args.only)
     own = ["python", "benchmarks/run_all.py"] + (sys.argv[1:] if argv is None else list(argv))
     header = {"command": shlex.join(own), "quick": args.quick,

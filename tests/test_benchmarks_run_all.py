@@ -84,7 +84,9 @@ def test_make_row_ratio_and_target_directions():
     assert zero["ratio"] is None and zero["met"] is None  # no ratio against 0, no verdict
 
 
-def test_failures_are_recorded_and_table_keeps_the_rest():
+def _fake_results():
+    """A sampler that worked, a train step that crashed, a retrieval run with no JSON in its
+    output, and an env table that timed out."""
     ok = run_all.collect(BENCH["sampler"], "python benchmarks/sampler.py --batch=32", 0,
                          SAMPLER_OUT, "warning: noise\n", 12.0)
     crashed = run_all.collect(BENCH["train_step"], "python benchmarks/train_step.py", 1, "",
@@ -94,11 +96,20 @@ def test_failures_are_recorded_and_table_keeps_the_rest():
                               "no json here\n", "last words\n", 2.0)
     timed_out = run_all.collect(BENCH["envs"], "python benchmarks/envs.py", None, "",
                                 "done minihack/x\n", 1800.0, timed_out=True)
+    return [ok, crashed, garbled, timed_out]
+
+
+def test_failures_are_recorded_and_table_keeps_the_rest():
+    ok, crashed, garbled, timed_out = results = _fake_results()
+    assert ok["status"] == "ok" and ok["error"] is None
     assert crashed["status"] == "failed" and crashed["error"] == "RuntimeError: out of memory"
     assert garbled["status"] == "failed" and "last words" in garbled["error"]
     assert timed_out["status"] == "timeout" and "done minihack/x" in timed_out["error"]
+    assert "after 1800 s" in timed_out["error"]  # the benchmark's own limit unless overridden
+    framed = run_all.collect(BENCH["envs"], "c", None, "", "E slow compile\n*****\n", 9.0,
+                             timed_out=True, timeout_s=5)
+    assert framed["error"] == "timed out after 5 s; last stderr line: E slow compile"
 
-    results = [ok, crashed, garbled, timed_out]
     table = run_all.render_markdown(results, HEADER)
     lines = [ln for ln in table.splitlines() if ln.startswith("| ")]
     assert lines[0].startswith("| benchmark | case | crl_jax | reference | unit | ratio | target")
@@ -116,7 +127,14 @@ def test_failures_are_recorded_and_table_keeps_the_rest():
 
     summary = run_all.summary_json(results, HEADER)
     assert summary["failed"] == ["train_step", "retrieval", "envs"]
-    json.dumps(summary)  # serialisable as written to results.json
+
+
+def test_render_rewrites_table_from_json(tmp_path):
+    summary = run_all.summary_json(_fake_results(), HEADER)
+    (tmp_path / "results.json").write_text(json.dumps(summary))
+    assert run_all.main(["--render", "--out", str(tmp_path)]) == 1  # failures give exit status 1
+    assert (tmp_path / "results.md").read_text() == run_all.render_markdown(
+        summary["benchmarks"], summary)
 
 
 def test_run_one_subprocess_ok_failure_and_timeout(tmp_path):
