@@ -6,6 +6,8 @@ expert and the random agent on the first N test-split seeds and prints a markdow
 Steps/s counts only time spent inside `env.step` (not the agents' planning).
 
     python benchmarks/envs.py [--seeds 100] [--envs minihack/ sokoban/] [--json out.json]
+
+`--json -` prints the rows as one JSON line on stdout instead (after the table).
 """
 
 from __future__ import annotations
@@ -67,7 +69,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=100, help="test seeds per env")
     parser.add_argument("--envs", nargs="*", default=None, help="name prefixes to include")
-    parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
+    parser.add_argument("--json", default=None,
+                        help="also write the rows to this JSON file ('-': one line on stdout)")
     args = parser.parse_args(argv)
     seeds = task_seeds("test", args.seeds)
     names = [n for n in list_envs() if not args.envs or any(n.startswith(p) for p in args.envs)]
@@ -89,9 +92,12 @@ def main(argv=None) -> int:
     for name, why in skipped:
         print(f"| {name} | skipped: {why} | | | | |")
     print(f"\n{len(seeds)} test seeds per env (seeds {seeds[0]}..{seeds[-1]}).")
-    if args.json:
+    summary = {"benchmark": "envs", "rows": rows, "skipped": skipped, "seeds": len(seeds)}
+    if args.json == "-":
+        print(json.dumps(summary), flush=True)
+    elif args.json:
         with open(args.json, "w") as f:
-            json.dump({"rows": rows, "skipped": skipped, "seeds": len(seeds)}, f, indent=1)
+            json.dump(summary, f, indent=1)
     return 0
 
 

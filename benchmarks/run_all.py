@@ -1,0 +1,415 @@
+"""Run every benchmark script and write one results table (results.md and results.json).
+
+Each script in benchmarks/ runs crl_jax and a reference side by side (transformers, PyTorch,
+FAISS, a random agent, the TPU's HBM) and prints JSON lines. This runs them one after another as
+subprocesses, each under a timeout, turns their JSON into table rows (benchmark, case, crl_jax
+figure, reference figure, unit, ratio, target, met) and writes benchmarks/results.md and
+benchmarks/results.json. A benchmark that fails or times out is recorded with its last stderr line
+and the others still run; the exit status is 1 if any failed.
+
+    python benchmarks/run_all.py                       # full sizes
+    python benchmarks/run_all.py --quick               # smaller sizes, for a smoke run
+    python benchmarks/run_all.py --only sampler,retrieval
+
+The benchmarks import the crl_jax next to this file (PYTHONPATH is set for them), so a checkout's
+own code is measured. Nothing here imports jax: the table logic is tested without benchmarks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import math
+import os
+import platform
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Callable
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+GIB = 2**30
+
+
+# ----------------------------------------------------------------------------------------------
+# Rows: one per case, with the figure of each side, their ratio and the target (if any).
+
+
+def make_row(benchmark: str, case: str, crl_jax, reference, unit: str, ratio=None,
+             target: tuple[str, float] | None = None, met=None, notes: str = "") -> dict:
+    """A table row. `ratio` defaults to crl_jax / reference; `target` is (">=" or "<=", value)
+    on the ratio, and `met` is computed from it unless given (e.g. the compiler's own verdict)."""
+    if ratio is None and _finite(crl_jax) and _finite(reference) and reference != 0:
+        ratio = crl_jax / reference
+    if met is None and target is not None and _finite(ratio):
+        op, value = target
+        met = ratio >= value if op == ">=" else ratio <= value
+    return {"benchmark": benchmark, "case": case, "crl_jax": crl_jax, "reference": reference,
+            "unit": unit, "ratio": None if ratio is None else round(float(ratio), 3),
+            "target": None if target is None else f"{target[0]} {target[1]:g}",
+            "met": met, "notes": notes}
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _only(records: list[dict], key: str) -> list[dict]:
+    """The records carrying `key`; the script's JSON is the contract, so a missing key is an error
+    (it becomes this benchmark's failure line, not a crash of the whole run)."""
+    found = [r for r in records if key in r]
+    if not found:
+        raise ValueError(f"no JSON line with {key!r} in the output")
+    return found
+
+
+def compile_time_rows(records: list[dict]) -> list[dict]:
+    rows = []
+    for r in _only(records, "compile_s_full_depth"):
+        rows.append(make_row(
+            "compile_time", f"{r['preset']}: {r['layers']} layers vs 2 layers",
+            r["compile_s_full_depth"], r["compile_s_2_layers"], "s to compile fwd+bwd",
+            ratio=r["ratio"], notes="reference is the same model at 2 layers (scan over layers)"))
+    return rows
+
+
+# Targets stated in the README (sampler: per config; train step: 1.3x PyTorch's tokens/s).
+SAMPLER_TARGETS = {"qwen2-7m": 2.0, "smollm2-135m": 1.5}
+TRAIN_STEP_TARGET = 1.3
+
+
+def sampler_rows(records: list[dict]) -> list[dict]:
+    rows = []
+    for r in _only(records, "crl_jax_tokens_per_s"):
+        target = SAMPLER_TARGETS.get(r["config"])
+        rows.append(make_row(
+            "sampler", f"{r['config']} B={r['batch']} {r['prompt']}+{r['new_tokens']} greedy",
+            r["crl_jax_tokens_per_s"], r["transformers_tokens_per_s"], "tokens/s",
+            ratio=r["ratio"], target=None if target is None else (">=", target),
+            notes=(f"vs transformers (torch {r['torch_threads']} thread(s)); tokens equal "
+                   f"{r['tokens_equal_fraction']:.2f}; {r['fraction_of_peak']:.1%} of matmul peak")))
+    return rows
+
+
+def train_step_rows(records: list[dict]) -> list[dict]:
+    rows = []
+    for r in _only(records, "speedup_vs_torch"):
+        rows.append(make_row(
+            "train_step", f"{r['preset']} B={r['batch']} T={r['seq']}, {r['steps']} steps",
+            r["crl_jax_tokens_per_s"], r["torch_tokens_per_s"], "tokens/s",
+            ratio=r["speedup_vs_torch"], target=(">=", TRAIN_STEP_TARGET),
+            notes=(f"vs PyTorch eager AdamW, {r['threads']} threads; "
+                   f"{r['crl_jax_fraction_of_matmul_peak']:.1%} of matmul peak; step-1 embed diff "
+                   f"{r['embed_max_abs_diff_after_step1_in_lr_units']} lr")))
+    return rows
+
+
+def retrieval_rows(records: list[dict]) -> list[dict]:
+    rows = []
+    for top in _only(records, "results"):
+        for r in top["results"]:
+            rows.append(make_row(
+                "retrieval", f"bank {r['bank']}, {r['queries']} queries, top-{r['top_k']} + re-rank",
+                r["crl_jax_ms"], r["faiss_rerank_ms"], "ms median (lower is better)",
+                ratio=r["ratio_crl_jax_over_faiss"],
+                notes=(f"vs FAISS IndexFlatIP ({r['faiss_threads']} thread(s)) + numpy re-rank; "
+                       f"same top-1 {r['same_top1']:.2f}")))
+    return rows
+
+
+def aot_tpu_rows(records: list[dict]) -> list[dict]:
+    """One row per topology tried: peak memory per chip against the chip's HBM; the compiler's
+    fit verdict is the target."""
+    rows = []
+    for r in _only(records, "topology"):
+        peak, hbm = r.get("peak_bytes_per_chip"), r.get("hbm_bytes_per_chip")
+        note = f"{r.get('compile_s', '?')} s to compile"
+        if r.get("error"):
+            note += "; " + r["error"][:160]
+        rows.append(make_row(
+            "aot_tpu", f"{r['topology']} ({r['chips']} chips), actor {r['actor_seq']} / "
+                       f"extractor {r['extractor_seq']} tokens",
+            round(peak / GIB, 2) if peak else None, round(hbm / GIB, 2) if hbm else None,
+            "GiB per chip: peak vs HBM", target=("<=", 1.0), met=bool(r.get("fits")),
+            notes=note))
+    return rows
+
+
+def envs_rows(records: list[dict]) -> list[dict]:
+    """Scripted expert (crl_jax's) against a random agent, per env. No ratio: against a random
+    success of 0 it is undefined, and the expert's own success is the figure that matters."""
+    rows = []
+    for top in _only(records, "rows"):
+        for r in top["rows"]:
+            row = make_row(
+                "envs", f"{r['env']}, {top['seeds']} test seeds",
+                round(r["expert_success"], 3), round(r["random_success"], 3),
+                "success rate: scripted expert vs random",
+                notes=(f"turns {r['expert_turns']:.1f} vs {r['random_turns']:.1f}; "
+                       f"{r['steps_per_s']:.0f} env steps/s"))
+            row["ratio"] = None
+            rows.append(row)
+        for name, why in top.get("skipped", []):
+            rows.append(make_row("envs", f"{name} (skipped)", None, None, "", notes=why))
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------
+# The benchmarks: full and --quick arguments, timeouts, and how their JSON becomes rows.
+
+
+@dataclasses.dataclass(frozen=True)
+class Bench:
+    name: str
+    script: str  # path relative to the repository root
+    args: tuple[str, ...]
+    quick_args: tuple[str, ...]
+    timeout_s: float
+    rows: Callable[[list[dict]], list[dict]]
+
+    def argv(self, quick: bool) -> list[str]:
+        return [self.script, *(self.quick_args if quick else self.args)]
+
+
+BENCHMARKS = (
+    Bench("compile_time", "benchmarks/compile_time.py", ("--preset=qwen2.5-7b", "--seq=128"),
+          ("--preset=qwen2.5-0.5b", "--seq=64"), 1200, compile_time_rows),
+    # torch on one thread: the comparison the README's sampler targets were set against.
+    Bench("sampler", "benchmarks/sampler.py",
+          ("--configs=qwen2-7m,smollm2-135m", "--batch=32", "--prompt=128", "--new=128",
+           "--torch-threads=1"),
+          ("--configs=qwen2-7m", "--batch=8", "--prompt=32", "--new=32", "--torch-threads=1"),
+          1800, sampler_rows),
+    Bench("train_step", "benchmarks/train_step.py",
+          ("--preset=tiny", "--batch=8", "--seq=256", "--steps=6"),
+          ("--preset=tiny", "--batch=4", "--seq=128", "--steps=3"), 1200, train_step_rows),
+    Bench("retrieval", "benchmarks/retrieval.py", ("--sizes=20000x384,100000x1024", "--repeats=10"),
+          ("--sizes=20000x384", "--repeats=3"), 1200, retrieval_rows),
+    # The paper's 32k/64k lengths take far longer to compile and fit no slice tried (README);
+    # 16k/16k on the smallest v5p slice and the largest v5e slice tried is the headline case.
+    Bench("aot_tpu", "benchmarks/aot_tpu.py",
+          ("--actor_seq=16384", "--extractor_seq=16384", "--v5p=2x2x1", "--v5e=8x8"),
+          ("--actor_seq=2048", "--extractor_seq=2048", "--v5p=2x2x1", "--v5e=4x4"),
+          1800, aot_tpu_rows),
+    Bench("envs", "benchmarks/envs.py", ("--seeds=100", "--json=-"), ("--seeds=10", "--json=-"),
+          1800, envs_rows),
+)
+
+
+# ----------------------------------------------------------------------------------------------
+# Running: one subprocess per benchmark, progress on stdout, failures recorded.
+
+
+def display_command(bench: Bench, quick: bool) -> str:
+    """The command to rerun one benchmark from the repository root."""
+    return shlex.join(["python", *bench.argv(quick)])
+
+
+def parse_json_lines(stdout: str) -> list[dict]:
+    """Every stdout line that is a JSON object (scripts may print tables around them)."""
+    records = []
+    for line in stdout.splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                value = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(value, dict):
+                records.append(value)
+    return records
+
+
+def last_line(text: str) -> str:
+    """The last line that says something (XLA frames its warnings with lines of asterisks)."""
+    lines = [ln.strip() for ln in text.splitlines() if any(c.isalnum() for c in ln)]
+    return lines[-1][:300] if lines else ""
+
+
+def collect(bench: Bench, command: str, returncode: int | None, stdout: str, stderr: str,
+            elapsed_s: float, timed_out: bool = False, timeout_s: float | None = None) -> dict:
+    """One benchmark's result from its exit status and output: status "ok", "failed" (non-zero
+    exit, or output that does not parse into rows) or "timeout"."""
+    result = {"name": bench.name, "command": command, "returncode": returncode,
+              "elapsed_s": round(elapsed_s, 1), "status": "ok", "error": None, "records": [],
+              "rows": []}
+    if timed_out:
+        limit = bench.timeout_s if timeout_s is None else timeout_s
+        result.update(status="timeout", error=f"timed out after {limit:.0f} s; last stderr "
+                                               f"line: {last_line(stderr)}")
+        return result
+    if returncode != 0:
+        result.update(status="failed", error=last_line(stderr) or f"exit status {returncode}")
+        return result
+    result["records"] = parse_json_lines(stdout)
+    try:
+        result["rows"] = bench.rows(result["records"])
+    except (KeyError, TypeError, ValueError) as exc:
+        result.update(status="failed", error=f"unreadable output ({type(exc).__name__}: {exc}); "
+                                             f"last stderr line: {last_line(stderr)}")
+    return result
+
+
+def run_one(bench: Bench, quick: bool, timeout_s: float | None = None, heartbeat_s: float = 60.0,
+            log=print, total_start: float | None = None) -> dict:
+    """Run one benchmark script under a timeout; stdout/stderr go to temp files (no pipe can
+    fill up), and a progress line is logged every `heartbeat_s`."""
+    timeout_s = bench.timeout_s if timeout_s is None else timeout_s
+    command = display_command(bench, quick)
+    env = dict(os.environ)
+    env.setdefault("JAX_PLATFORMS", "cpu")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
+    total_start = time.time() if total_start is None else total_start
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        start = time.time()
+        # A session of its own, so a timeout kills the benchmark's whole process group.
+        proc = subprocess.Popen([sys.executable, *bench.argv(quick)], cwd=ROOT, env=env,
+                                stdout=out, stderr=err, start_new_session=True)
+        next_beat, timed_out = start + heartbeat_s, False
+        while proc.poll() is None:
+            now = time.time()
+            if now - start > timeout_s:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                timed_out = True
+                break
+            if now >= next_beat:
+                log(f"    ... {bench.name} running {now - start:.0f} s "
+                    f"(total {now - total_start:.0f} s)", flush=True)
+                next_beat += heartbeat_s
+            time.sleep(0.2)
+        elapsed = time.time() - start
+        out.seek(0)
+        err.seek(0)
+        return collect(bench, command, proc.returncode, out.read(), err.read(), elapsed, timed_out,
+                       timeout_s)
+
+
+# ----------------------------------------------------------------------------------------------
+# Output: markdown table and JSON.
+
+
+def _fmt(x) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, bool):
+        return "yes" if x else "no"
+    if isinstance(x, float):
+        return f"{x:.0f}" if abs(x) >= 100 else f"{x:.3g}"
+    return str(x)
+
+
+def _cell(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def render_markdown(results: list[dict], header: dict) -> str:
+    """The results table: one row per case; a failed benchmark is one row with its error. The
+    command to rerun a benchmark sits in its first row."""
+    lines = [
+        "# Benchmark results",
+        "",
+        f"Made by `{header['command']}` on {header['date']} ({header['machine']}). Each command "
+        "below reruns one benchmark from the repository root. Ratio is crl_jax / reference "
+        "(higher is better for tokens/s, lower for ms and memory); targets are on the ratio.",
+        "",
+        "| benchmark | case | crl_jax | reference | unit | ratio | target | met | notes | command |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for res in results:
+        command = f"`{res['command']}`"
+        if res["status"] != "ok":
+            lines.append(f"| {res['name']} | **{res['status'].upper()}** after "
+                         f"{res['elapsed_s']:.0f} s: {_cell(res['error'])} | - | - | - | - | - | - "
+                         f"| | {command} |")
+            continue
+        if not res["rows"]:
+            lines.append(f"| {res['name']} | no rows | - | - | - | - | - | - | | {command} |")
+        for i, r in enumerate(res["rows"]):
+            lines.append("| " + " | ".join(_cell(c) for c in (
+                r["benchmark"], r["case"], _fmt(r["crl_jax"]), _fmt(r["reference"]), r["unit"],
+                _fmt(r["ratio"]), _fmt(r["target"]), _fmt(r["met"]), r["notes"])) +
+                f" | {command if i == 0 else ''} |")
+    failed = [r["name"] for r in results if r["status"] != "ok"]
+    times = ", ".join(f"{r['name']} {r['elapsed_s']:.0f} s" for r in results)
+    lines += ["", f"Wall time per benchmark: {times}."]
+    if failed:
+        lines.append(f"Failed: {', '.join(failed)}.")
+    return "\n".join(lines) + "\n"
+
+
+def summary_json(results: list[dict], header: dict) -> dict:
+    return {**header, "failed": [r["name"] for r in results if r["status"] != "ok"],
+            "benchmarks": results}
+
+
+def select(only: str | None) -> list[Bench]:
+    if not only:
+        return list(BENCHMARKS)
+    names = [n.strip() for n in only.split(",") if n.strip()]
+    known = {b.name: b for b in BENCHMARKS}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise SystemExit(f"unknown benchmark(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    return [known[n] for n in names]
+
+
+def render_only(folder: str) -> int:
+    """Rewrite results.md from results.json (e.g. after a change to the table's layout)."""
+    with open(os.path.join(folder, "results.json")) as f:
+        summary = json.load(f)
+    with open(os.path.join(folder, "results.md"), "w") as f:
+        f.write(render_markdown(summary["benchmarks"], summary))
+    return 1 if summary["failed"] else 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default=None, help="comma-separated benchmark names")
+    parser.add_argument("--quick", action="store_true", help="smaller sizes (smoke run)")
+    parser.add_argument("--timeout", type=float, default=None,
+                        help="seconds per benchmark (default: each benchmark's own)")
+    parser.add_argument("--out", default=HERE, help="folder for results.md and results.json")
+    parser.add_argument("--render", action="store_true",
+                        help="only rewrite results.md from the results.json in --out")
+    args = parser.parse_args(argv)
+    if args.render:
+        return render_only(args.out)
+    benches = select(args.only)
+    own = ["python", "benchmarks/run_all.py"] + (sys.argv[1:] if argv is None else list(argv))
+    header = {"command": shlex.join(own), "quick": args.quick,
+              "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
+              "machine": f"{os.cpu_count()} CPUs, {platform.machine()}, Python "
+                         f"{platform.python_version()}",
+              "xla_flags": os.environ.get("XLA_FLAGS", "")}
+    results, total_start = [], time.time()
+    for i, bench in enumerate(benches, 1):
+        timeout = bench.timeout_s if args.timeout is None else args.timeout
+        print(f"[{i}/{len(benches)}] {bench.name}: {display_command(bench, args.quick)} "
+              f"(timeout {timeout:.0f} s, total {time.time() - total_start:.0f} s)", flush=True)
+        res = run_one(bench, args.quick, timeout, total_start=total_start)
+        results.append(res)
+        if res["status"] == "ok":
+            print(f"    ok in {res['elapsed_s']:.0f} s, {len(res['rows'])} row(s)", flush=True)
+        else:
+            print(f"    {res['status'].upper()} in {res['elapsed_s']:.0f} s: {res['error']}",
+                  flush=True)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "results.md"), "w") as f:
+        f.write(render_markdown(results, header))
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump(summary_json(results, header), f, indent=1)
+    failed = [r["name"] for r in results if r["status"] != "ok"]
+    print(f"done in {time.time() - total_start:.0f} s; wrote results.md and results.json"
+          + (f"; FAILED: {', '.join(failed)}" if failed else ""), flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
