@@ -14,10 +14,12 @@ training episodes; `--steps=N` overrides the budget of every run.
 Each run is `python experiments/run.py --config=<setting>:<variant> --config.seed=S --workdir=<out>/
 <setting>/<method>/seed<S>`, one subprocess at a time. The trainer resumes from the newest
 checkpoint in its workdir, so an interrupted grid continues where it stopped; a finished run (its
-final step logged and its report written) is skipped. A failed run is reported and the grid goes on;
-the exit status is then 1. After every run `<out>/results.md`, `results.json` and the curve PNGs are
-rebuilt (experiments/reproduce_results.py). `--setting=NAME=CONFIG[:VARIANTS]` (repeatable) replaces
-the three settings, e.g. to run the grid on another config file.
+final step logged and its report written) is skipped, and so, with a warning, is a workdir left by
+a different config (e.g. after the configs changed: move it away to rerun it). A failed run is
+reported and the grid goes on; the exit status is then 1. After every run `<out>/results.md`,
+`results.json` and the curve PNGs are rebuilt (experiments/reproduce_results.py).
+`--setting=NAME=CONFIG[:VARIANTS]` (repeatable) replaces the three settings, e.g. to run the grid
+on another config file.
 
 The child runs share a JAX compilation cache (`<out>/jax_cache` unless JAX_COMPILATION_CACHE_DIR is
 set) and default to JAX_PLATFORMS=cpu. Each child's output goes to `<workdir>/run.log`; its progress
@@ -39,7 +41,7 @@ ROOT = os.path.dirname(_HERE)
 sys.path.insert(0, ROOT)
 sys.path.insert(0, _HERE)
 
-from crl_jax.config import ConfigError  # noqa: E402
+from crl_jax.config import ConfigError, to_dict  # noqa: E402
 from crl_jax.config_loading import load_config  # noqa: E402
 
 import reproduce_results as results_lib  # noqa: E402
@@ -86,7 +88,8 @@ def plan(settings: dict[str, str], methods: list[str], seeds: list[int], steps: 
                     continue
                 run = Run(setting, method, seed, os.path.join(out, setting, method, f"seed{seed}"),
                           steps=cfg.steps, tasks=tuple(cfg.tasks),
-                          episodes_per_step=cfg.rollout.groups_per_step * cfg.rollout.group_size)
+                          episodes_per_step=cfg.rollout.groups_per_step * cfg.rollout.group_size,
+                          config=json.loads(json.dumps(to_dict(cfg))))  # tuples as config.json has them
                 run.state, run.last_step = results_lib.run_state(run)
                 grid.append((run, spec))
     if problems:
@@ -144,9 +147,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python experiments/reproduce.py",
                                 description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="repro", help="output dir: one workdir per run, results.md/json, PNGs")
+    p.add_argument("--out", default="repro",
+                   help="output dir: one workdir per run, results.md/json, PNGs")
     p.add_argument("--only", help=f"comma-separated settings (default: all of {','.join(SETTINGS)})")
-    p.add_argument("--methods", default=",".join(METHODS), help="comma-separated, of " + ",".join(METHODS))
+    p.add_argument("--methods", default=",".join(METHODS),
+                   help="comma-separated, of " + ",".join(METHODS))
     p.add_argument("--seeds", default=",".join(map(str, SEEDS)), help="comma-separated integers")
     p.add_argument("--steps", type=int, help="step budget of every run (default: the configs')")
     p.add_argument("--setting", action="append", metavar="NAME=CONFIG[:VARIANTS]",
@@ -174,7 +179,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.methods = _csv(args.methods)
     unknown = [x for x in args.methods if x not in METHODS]
     if unknown or not args.methods:
-        p.error(f"unknown method(s) {', '.join(unknown) or '(none given)'}; known: {', '.join(METHODS)}")
+        p.error(f"unknown method(s) {', '.join(unknown) or '(none given)'}; "
+                f"known: {', '.join(METHODS)}")
     try:
         args.seeds = [int(s) for s in _csv(args.seeds)]
     except ValueError:
@@ -211,9 +217,15 @@ def main(argv: list[str]) -> int:
             if run.state == "done":
                 print(f"{tag}: done, skipped", flush=True)
                 continue
+            if run.state == "stale":
+                print(f"{tag}: its workdir holds a run of another config (differs in "
+                      f"{', '.join(results_lib.config_difference(run)[:5])}); move or delete "
+                      f"{run.workdir} to run it again. Skipped.", flush=True)
+                failed.append(run.name)
+                continue
             resume = f", resuming after step {run.last_step}" if run.last_step >= 0 else ""
-            print(f"{tag}: starting ({run.steps} steps{resume}) | elapsed {_hms(time.monotonic() - started)}",
-                  flush=True)
+            print(f"{tag}: starting ({run.steps} steps{resume}) | "
+                  f"elapsed {_hms(time.monotonic() - started)}", flush=True)
             t0 = time.monotonic()
             rc = launch(run, spec, args.steps, env)
             run.state, run.last_step = results_lib.run_state(run)

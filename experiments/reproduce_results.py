@@ -60,8 +60,9 @@ class Run:
     steps: int                    # the step budget of this run
     tasks: tuple[str, ...]
     episodes_per_step: int = 0    # training episodes per step (groups_per_step x group_size)
-    state: str = MISSING          # "done", "partial", "failed" or "missing"
+    state: str = MISSING          # "done", "partial", "failed", "stale" or "missing"
     last_step: int = -1           # last step in its metrics log (-1: none)
+    config: dict | None = None    # the run's config as JSON, to tell a stale workdir (None: no check)
 
     @property
     def name(self) -> str:
@@ -77,11 +78,34 @@ def read_rows(run: Run) -> list[dict]:
     return [r for r in rows if int(r["step"]) < run.steps]
 
 
+def config_difference(run: Run) -> list[str]:
+    """The settings in which the workdir's config.json differs from `run.config`, the step budget
+    aside (a larger budget resumes a run). A workdir made by another config is stale: its results
+    would be someone else's, and the trainer refuses to resume it."""
+    path = os.path.join(run.workdir, "config.json")
+    if run.config is None or not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8") as f:
+        saved = json.load(f)
+
+    def flat(d, prefix=""):
+        out = {}
+        for k, v in d.items():
+            out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k: v})
+        return out
+
+    want, have = flat(run.config), flat(saved)
+    return sorted(k for k in set(want) | set(have) if k != "steps" and want.get(k) != have.get(k))
+
+
 def run_state(run: Run) -> tuple[str, int]:
     """(state, last logged step). Done means the final step is logged and the trainer wrote its
-    report (it does so after the last checkpoint); failed means the last attempt exited non-zero."""
+    report (it does so after the last checkpoint); failed means the last attempt exited non-zero;
+    stale means the workdir holds a run of a different config."""
     rows = read_rows(run)
     last = max((int(r["step"]) for r in rows), default=-1)
+    if config_difference(run):
+        return "stale", last
     if last == run.steps - 1 and os.path.exists(os.path.join(run.workdir, "report.md")):
         return "done", last
     status = os.path.join(run.workdir, STATUS_FILE)
@@ -89,7 +113,8 @@ def run_state(run: Run) -> tuple[str, int]:
         with open(status, encoding="utf-8") as f:
             if json.load(f).get("returncode", 0) != 0:
                 return "failed", last
-    return ("partial" if rows or os.path.isdir(os.path.join(run.workdir, "checkpoints")) else MISSING), last
+    started = rows or os.path.isdir(os.path.join(run.workdir, "checkpoints"))
+    return ("partial" if started else MISSING), last
 
 
 def final_eval(rows: list[dict], prefix: str) -> dict[str, float] | None:
@@ -223,7 +248,8 @@ def plot_curves(path: str, setting: str, runs: list[Run], rows_by_run: dict[str,
                     continue
                 steps, mean, std, n = curve
                 style = "--" if suffix == "w/o exp." else "-"
-                ax.plot(steps, mean, style, color=colors[method], marker="o" if len(steps) < 30 else None,
+                ax.plot(steps, mean, style, color=colors[method],
+                        marker="o" if len(steps) < 30 else None,
                         markersize=3, label=f"{label} {suffix} (n={n})".replace("  ", " "))
                 ax.fill_between(steps, mean - std, mean + std, color=colors[method], alpha=0.15)
                 drew = True
@@ -232,7 +258,7 @@ def plot_curves(path: str, setting: str, runs: list[Run], rows_by_run: dict[str,
         ax.tick_params(labelsize=7)
         ax.grid(True, alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=6)
+            ax.legend(fontsize=6, loc="upper left")  # "best" is slow with seed bands
     if drew:
         fig.suptitle(f"{setting}: mean over seeds, band ± 1 std", fontsize=10)
         fig.tight_layout()
@@ -242,7 +268,8 @@ def plot_curves(path: str, setting: str, runs: list[Run], rows_by_run: dict[str,
 
 def summarise(runs: list[Run], seeds: int, out_dir: str) -> dict:
     """Everything results.md and results.json show, per setting; writes the curve PNGs."""
-    results = {"seeds": seeds, "spread": "sample standard deviation over seeds (ddof=1)", "settings": {}}
+    results = {"seeds": seeds, "spread": "sample standard deviation over seeds (ddof=1)",
+               "settings": {}}
     for setting in dict.fromkeys(r.setting for r in runs):
         group = [r for r in runs if r.setting == setting]
         rows_by_run = {r.name: read_rows(r) if r.state == "done" else [] for r in group}
@@ -264,37 +291,49 @@ def summarise(runs: list[Run], seeds: int, out_dir: str) -> dict:
     return results
 
 
+ACTIONS_NOTE = ("Actions per episode at the final evaluation (over all its episodes, successful or "
+                "not: the metrics log holds no count over successful episodes alone):")
+ROLLOUT_NOTE = ("Actor rollout seconds per step (`time/actor_rollout_s`; per run the median over the "
+                "steps after the first, which compiles; wall time, so only runs made on the same "
+                "machine under the same load compare):")
+
+
+def _setting_markdown(setting: str, s: dict) -> list[str]:
+    tasks, budgets = s["tasks"], s["training_episodes_per_run"]
+    budget = (f"Budget: {', '.join(map(str, s['steps']))} steps, "
+              f"{', '.join(map(str, budgets))} training episodes per run")
+    if len(budgets) > 1:
+        budget += " (UNEQUAL across the runs of this setting)"
+    out = [f"## {setting} ({len(tasks)} task{'s' * (len(tasks) > 1)})", "", budget + ".", "",
+           "| Method | " + " | ".join(tasks) + " | Avg |", "|---|" + "---:|" * (len(tasks) + 1)]
+    for row in s["table"]:
+        cells = [cell(row["per_task"][t]) for t in tasks] + [cell(row["avg"])]
+        out.append(f"| {row['label']} | " + " | ".join(cells) + " |")
+    out += ["", ACTIONS_NOTE, "", "| Method | actions |", "|---|---:|"]
+    out += [f"| {row['label']} | {cell(row['actions'], 1)} |" for row in s["table"]]
+    out += ["", ROLLOUT_NOTE, "", "| Method | s/step | ratio to baseline |", "|---|---:|---:|"]
+    for method, t in s["actor_rollout_s"].items():
+        ratio = f"{t['ratio_to_baseline']:.2f}x" if t.get("ratio_to_baseline") else "—"
+        out.append(f"| {METHODS[method][0]} | {cell(t, 2)} | {ratio} |")
+    if s["curves"]:
+        out += ["", f"![{setting} learning curves]({s['curves']})"]
+    not_done = [r for r in s["runs"] if r["state"] != "done"]
+    if not_done:
+        listed = [f"`{r['run']}` {r['state']}"
+                  + (f" (step {r['last_step'] + 1}/{r['steps']})" if r["last_step"] >= 0 else "")
+                  for r in not_done]
+        out += ["", f"Not in the table ({len(not_done)} of {len(s['runs'])} runs): "
+                + ", ".join(listed) + "."]
+    return out + [""]
+
+
 def render_markdown(results: dict) -> str:
     out = ["# Reproduction of Table 1 (embedded CPU setting)", "",
-           "Final test-split success rate, mean ± spread over seeds; spread = "
-           f"{results['spread']}. Cells from fewer than {results['seeds']} finished seeds say how "
-           "many they have; a cell with none reads \"missing\".", ""]
+           f"Final test-split success rate, mean ± spread over seeds; spread = {results['spread']}. "
+           f"A cell with fewer than {results['seeds']} finished seed(s) says how many it has; a "
+           "cell with none reads \"missing\".", ""]
     for setting, s in results["settings"].items():
-        tasks = s["tasks"]
-        budget = ", ".join(str(b) for b in s["training_episodes_per_run"])
-        out += [f"## {setting} ({len(tasks)} task{'s' * (len(tasks) > 1)})", "",
-                f"Budget: {', '.join(map(str, s['steps']))} steps, {budget} training episodes per run"
-                + (" (UNEQUAL across runs)" if len(s["training_episodes_per_run"]) > 1 else "") + ".", "",
-                "| Method | " + " | ".join(tasks) + " | Avg |", "|---|" + "---:|" * (len(tasks) + 1)]
-        for row in s["table"]:
-            cells = [cell(row["per_task"][t]) for t in tasks] + [cell(row["avg"])]
-            out.append(f"| {row['label']} | " + " | ".join(cells) + " |")
-        out += ["", "Actions per episode at the final evaluation (all episodes, averaged over tasks "
-                "by episode count):", "", "| Method | actions |", "|---|---:|"]
-        out += [f"| {row['label']} | {cell(row['actions'], 1)} |" for row in s["table"]]
-        out += ["", "Actor rollout seconds per step (`time/actor_rollout_s`, median over steps after "
-                "the first, per run):", "", "| Method | s/step | ratio to baseline |", "|---|---:|---:|"]
-        for method, t in s["actor_rollout_s"].items():
-            ratio = f"{t['ratio_to_baseline']:.2f}x" if t.get("ratio_to_baseline") else "—"
-            out.append(f"| {METHODS[method][0]} | {cell(t, 2)} | {ratio} |")
-        if s["curves"]:
-            out += ["", f"![{setting} learning curves]({s['curves']})"]
-        not_done = [r for r in s["runs"] if r["state"] != "done"]
-        if not_done:
-            out += ["", f"Not in the table ({len(not_done)} of {len(s['runs'])} runs): " + ", ".join(
-                f"`{r['run']}` {r['state']}" + (f" (step {r['last_step'] + 1}/{r['steps']})"
-                                                if r["last_step"] >= 0 else "") for r in not_done) + "."]
-        out += [""]
+        out += _setting_markdown(setting, s)
     return "\n".join(out).rstrip() + "\n"
 
 
