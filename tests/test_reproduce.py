@@ -46,8 +46,9 @@ def write_run(workdir, rng, prefixes) -> dict:
     return {"final": final, "rollout": rollout}
 
 
-@pytest.fixture
-def grid(tmp_path):
+@pytest.fixture(scope="module")
+def grid(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("grid")
     rng = np.random.default_rng(0)
     logged, runs = {}, []
     for method in ("baseline", "crl", "static"):
@@ -138,3 +139,19 @@ def test_unfinished_run_is_partial_and_stays_out_of_the_table(tmp_path):
     with open(os.path.join(run.workdir, rr.STATUS_FILE), "w") as f:
         json.dump({"returncode": 1}, f)
     assert rr.run_state(run)[0] == "failed"
+
+
+def test_workdir_of_another_config_is_stale_but_a_larger_budget_is_not(tmp_path):
+    run = rr.Run("single", "crl", 0, str(tmp_path / "r"), STEPS, TASKS[:1])
+    write_run(run.workdir, np.random.default_rng(2), PREFIXES["crl"])
+    saved = {"steps": STEPS, "seed": 0, "memory": {"enabled": True, "merge_every": 5}}
+    with open(os.path.join(run.workdir, "config.json"), "w") as f:
+        json.dump(saved, f)
+    run.config = json.loads(json.dumps(saved))
+    assert rr.run_state(run)[0] == "done"
+    run.config["steps"] = STEPS + 5
+    assert rr.config_difference(run) == []
+    run.config["memory"]["merge_every"] = 0
+    run.config["memory"]["new_key"] = 1
+    assert rr.config_difference(run) == ["memory.merge_every", "memory.new_key"]
+    assert rr.run_state(run)[0] == "stale"
