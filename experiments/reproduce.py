@@ -1,0 +1,246 @@
+"""Reproduce the paper's comparison on the embedded CPU setting: a resumable grid of training runs.
+
+    python experiments/reproduce.py --out=repro                      # the whole grid, in order
+    python experiments/reproduce.py --out=repro --only=single --methods=baseline,crl --seeds=0
+    python experiments/reproduce.py --out=repro --dry-run            # list the runs and their state
+    python experiments/reproduce.py --out=repro --table-only         # rebuild the results only
+
+The grid is settings x seeds x methods. Settings: `single` (single_task.py), `three` and `six`
+(multi_task.py:three / :six). Methods: `baseline` (GRPO, no experience), `crl` (Complementary RL),
+`static` (static online experience: extractor frozen), `exp_only` (actor frozen). Within a setting
+every method has the same steps, tasks per step and rollouts per task, hence the same budget of
+training episodes; `--steps=N` overrides the budget of every run.
+
+Each run is `python experiments/run.py --config=<setting>:<variant> --config.seed=S --workdir=<out>/
+<setting>/<method>/seed<S>`, one subprocess at a time. The trainer resumes from the newest
+checkpoint in its workdir, so an interrupted grid continues where it stopped; a finished run (its
+final step logged and its report written) is skipped, and so, with a warning, is a workdir left by
+a different config (e.g. after the configs changed: move it away to rerun it). A failed run is
+reported and the grid goes on; the exit status is then 1. After every run `<out>/results.md`,
+`results.json` and the curve PNGs are rebuilt (experiments/reproduce_results.py).
+`--setting=NAME=CONFIG[:VARIANTS]` (repeatable) replaces the three settings, e.g. to run the grid
+on another config file.
+
+The child runs share a JAX compilation cache (`<out>/jax_cache` unless JAX_COMPILATION_CACHE_DIR is
+set) and default to JAX_PLATFORMS=cpu. Each child's output goes to `<workdir>/run.log`; its progress
+lines are echoed here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import subprocess
+import sys
+import time
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(_HERE)
+sys.path.insert(0, ROOT)
+sys.path.insert(0, _HERE)
+
+from crl_jax.config import ConfigError, to_dict  # noqa: E402
+from crl_jax.config_loading import load_config  # noqa: E402
+
+import reproduce_results as results_lib  # noqa: E402
+from reproduce_results import METHODS, STATUS_FILE, Run  # noqa: E402
+
+RUN = os.path.join(_HERE, "run.py")
+CONFIG_DIR = os.path.join(_HERE, "configs")
+SETTINGS = {"single": "single_task.py", "three": "multi_task.py:three", "six": "multi_task.py:six"}
+SEEDS = (0, 1, 2)
+ECHO = ("step ", "restored checkpoint", "Traceback", "Error", "error:")  # child lines shown live
+TAIL_LINES = 30
+
+
+def config_spec(setting_spec: str, method: str) -> str:
+    """The `--config` value of `method` on a setting: the method's variants after the setting's."""
+    path, _, arg = setting_spec.partition(":")
+    variants = [v for v in arg.split(",") if v] + list(METHODS[method][1])
+    return f"{path}:{','.join(variants)}" if variants else path
+
+
+def overrides(seed: int, steps: int | None) -> list[str]:
+    return [f"seed={seed}"] + ([f"steps={steps}"] if steps is not None else [])
+
+
+def command(run: Run, spec: str, steps: int | None) -> list[str]:
+    return ([sys.executable, RUN, f"--config={spec}"]
+            + [f"--config.{o}" for o in overrides(run.seed, steps)] + [f"--workdir={run.workdir}"])
+
+
+def plan(settings: dict[str, str], methods: list[str], seeds: list[int], steps: int | None,
+         out: str) -> list[tuple[Run, str]]:
+    """Every run of the grid with its config spec, in launch order (setting, seed, method), so a
+    partly done grid already compares the methods on the first seeds. Each config is loaded and
+    validated here: a bad one stops the grid before any compute."""
+    grid, problems = [], []
+    for setting, setting_spec in settings.items():
+        for seed in seeds:
+            for method in methods:
+                spec = config_spec(setting_spec, method)
+                try:
+                    cfg = load_config(spec, overrides(seed, steps), config_dir=CONFIG_DIR)
+                except ConfigError as err:
+                    problems += [f"{setting}/{method}: {p}" for p in err.problems]
+                    continue
+                run = Run(setting, method, seed, os.path.join(out, setting, method, f"seed{seed}"),
+                          steps=cfg.steps, tasks=tuple(cfg.tasks),
+                          episodes_per_step=cfg.rollout.groups_per_step * cfg.rollout.group_size,
+                          config=json.loads(json.dumps(to_dict(cfg))))  # tuples as config.json has them
+                run.state, run.last_step = results_lib.run_state(run)
+                grid.append((run, spec))
+    if problems:
+        raise ConfigError(problems)
+    return grid
+
+
+def _hms(seconds: float) -> str:
+    s = int(round(seconds))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+def launch(run: Run, spec: str, steps: int | None, env: dict) -> int:
+    """Run one training subprocess to its end; its output goes to run.log, progress lines here."""
+    os.makedirs(run.workdir, exist_ok=True)
+    cmd = command(run, spec, steps)
+    tail = collections.deque(maxlen=TAIL_LINES)
+    with open(os.path.join(run.workdir, "run.log"), "a", encoding="utf-8") as log:
+        log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n")
+        process = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True, bufsize=1)
+        try:
+            for line in process.stdout:
+                log.write(line)
+                tail.append(line.rstrip("\n"))
+                if any(marker in line for marker in ECHO):
+                    print(f"    {run.name}: {line.rstrip()}", flush=True)
+            rc = process.wait()
+        except KeyboardInterrupt:
+            process.terminate()  # the trainer resumes from its last checkpoint next time
+            process.wait()
+            raise
+    with open(os.path.join(run.workdir, STATUS_FILE), "w", encoding="utf-8") as f:
+        json.dump({"command": cmd, "returncode": rc, "time": time.time()}, f)
+    if rc != 0:
+        print(f"    {run.name}: exited with status {rc}; last lines of its run.log:", flush=True)
+        for line in tail:
+            print(f"      {line}", flush=True)
+    return rc
+
+
+def child_env(out: str) -> dict:
+    env = dict(os.environ)
+    env.setdefault("JAX_PLATFORMS", "cpu")
+    env.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(out, "jax_cache"))
+    env["PYTHONUNBUFFERED"] = "1"  # progress lines arrive as they are printed
+    return env
+
+
+def _csv(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python experiments/reproduce.py",
+                                description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="repro",
+                   help="output dir: one workdir per run, results.md/json, PNGs")
+    p.add_argument("--only", help=f"comma-separated settings (default: all of {','.join(SETTINGS)})")
+    p.add_argument("--methods", default=",".join(METHODS),
+                   help="comma-separated, of " + ",".join(METHODS))
+    p.add_argument("--seeds", default=",".join(map(str, SEEDS)), help="comma-separated integers")
+    p.add_argument("--steps", type=int, help="step budget of every run (default: the configs')")
+    p.add_argument("--setting", action="append", metavar="NAME=CONFIG[:VARIANTS]",
+                   help="replace the default settings (repeatable)")
+    p.add_argument("--dry-run", action="store_true", help="list the runs and their state; run nothing")
+    p.add_argument("--table-only", action="store_true", help="rebuild results from what exists")
+    args = p.parse_args(argv)
+    settings = dict(SETTINGS)
+    if args.setting:
+        settings = {}
+        for item in args.setting:
+            name, sep, spec = item.partition("=")
+            if not sep or not name or not spec:
+                p.error(f"--setting expects NAME=CONFIG[:VARIANTS], got {item!r}")
+            path, colon, variants = spec.partition(":")
+            if os.path.isfile(path):  # the runs start in the repository root, not here
+                spec = os.path.abspath(path) + colon + variants
+            settings[name] = spec
+    if args.only:
+        unknown = [s for s in _csv(args.only) if s not in settings]
+        if unknown:
+            p.error(f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(settings)}")
+        settings = {s: settings[s] for s in _csv(args.only)}
+    args.settings = settings
+    args.methods = _csv(args.methods)
+    unknown = [x for x in args.methods if x not in METHODS]
+    if unknown or not args.methods:
+        p.error(f"unknown method(s) {', '.join(unknown) or '(none given)'}; "
+                f"known: {', '.join(METHODS)}")
+    try:
+        args.seeds = [int(s) for s in _csv(args.seeds)]
+    except ValueError:
+        p.error(f"--seeds expects comma-separated integers, got {args.seeds!r}")
+    if not args.seeds or len(set(args.seeds)) != len(args.seeds):
+        p.error("--seeds needs at least one seed and no repeats")
+    if args.steps is not None and args.steps < 1:
+        p.error(f"--steps must be at least 1, got {args.steps}")
+    args.out = os.path.abspath(args.out)
+    return args
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    try:
+        grid = plan(args.settings, args.methods, args.seeds, args.steps, args.out)
+    except ConfigError as err:
+        for problem in err.problems:
+            print(f"config error: {problem}", file=sys.stderr)
+        return 2
+    runs = [run for run, _ in grid]
+    if args.dry_run:
+        for i, (run, spec) in enumerate(grid, 1):
+            where = f" step {run.last_step + 1}/{run.steps}" if run.last_step >= 0 else ""
+            print(f"[{i}/{len(grid)}] {run.name:<28} {run.state:<8}{where:<14} "
+                  f"{' '.join(command(run, spec, args.steps)[1:])}")
+        todo = sum(r.state != "done" for r in runs)
+        print(f"{len(grid) - todo} of {len(grid)} runs done, {todo} to run")
+        return 0
+    if not args.table_only:
+        env, started, failed = child_env(args.out), time.monotonic(), []
+        for i, (run, spec) in enumerate(grid, 1):
+            tag = f"[{i}/{len(grid)}] {run.name}"
+            if run.state == "done":
+                print(f"{tag}: done, skipped", flush=True)
+                continue
+            if run.state == "stale":
+                print(f"{tag}: its workdir holds a run of another config (differs in "
+                      f"{', '.join(results_lib.config_difference(run)[:5])}); move or delete "
+                      f"{run.workdir} to run it again. Skipped.", flush=True)
+                failed.append(run.name)
+                continue
+            resume = f", resuming after step {run.last_step}" if run.last_step >= 0 else ""
+            print(f"{tag}: starting ({run.steps} steps{resume}) | "
+                  f"elapsed {_hms(time.monotonic() - started)}", flush=True)
+            t0 = time.monotonic()
+            rc = launch(run, spec, args.steps, env)
+            run.state, run.last_step = results_lib.run_state(run)
+            if rc != 0 or run.state != "done":
+                failed.append(run.name)
+            print(f"{tag}: {run.state} in {_hms(time.monotonic() - t0)} | elapsed "
+                  f"{_hms(time.monotonic() - started)}", flush=True)
+            results_lib.write_results(runs, len(args.seeds), args.out)
+    results_lib.write_results(runs, len(args.seeds), args.out)
+    print(f"results: {os.path.join(args.out, 'results.md')}")
+    if not args.table_only and failed:
+        print(f"{len(failed)} run(s) did not finish: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,348 @@
+"""Results of the reproduction grid: reads each run's metrics.jsonl, writes results.md/json and plots.
+
+Owns what the grid reports, per setting (single task, 3-task and 6-task mixtures):
+- a table shaped like the paper's Table 1: one row per (method, evaluation mode), one column per
+  task plus the average, each cell the final test-split success as mean ± spread over seeds;
+- learning curves (training success, evaluation success, actions per episode) with the seed spread;
+- actions per episode at the final evaluation;
+- actor-rollout seconds per step (`time/actor_rollout_s`) of every method, and its ratio to the
+  GRPO baseline.
+
+The spread is the sample standard deviation over seeds (ddof=1; none with a single seed). Only
+finished runs enter the tables and plots; a run that is absent, unfinished or failed is listed as
+such, and a cell with no finished run reads "missing", never 0. A cell with fewer seeds than asked
+for says how many it has, e.g. "0.61 ± 0.04 (2/3)".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from crl_jax import metrics as m
+from crl_jax.report import load_rows, series
+
+# Method name -> (row label in the tables, the variants it adds to the setting's config).
+METHODS = {
+    "baseline": ("Baseline (GRPO)", ("baseline",)),
+    "crl": ("Comp. RL", ()),
+    "static": ("Static Online Exp.", ("static",)),
+    "exp_only": ("Exp. Only", ("exp_only",)),
+}
+# Table 1's rows: (method, evaluation prefix, label). The baseline has no bank, so it is evaluated
+# without experience; Exp. Only freezes the actor, so only its with-experience score means anything.
+TABLE_ROWS = [
+    ("baseline", m.EVAL_WITHOUT_EXP, "Baseline (GRPO)"),
+    ("static", m.EVAL_WITH_EXP, "Static Online Exp. (eval w/ exp.)"),
+    ("static", m.EVAL_WITHOUT_EXP, "Static Online Exp. (eval w/o exp.)"),
+    ("exp_only", m.EVAL_WITH_EXP, "Exp. Only"),
+    ("crl", m.EVAL_WITH_EXP, "Comp. RL (eval w/ exp.)"),
+    ("crl", m.EVAL_WITHOUT_EXP, "Comp. RL (eval w/o exp.)"),
+]
+MISSING = "missing"
+STATUS_FILE = "reproduce_status.json"  # written into a run's workdir after each attempt
+CURVE_DPI = 80
+
+
+@dataclasses.dataclass
+class Run:
+    """One (setting, method, seed) run of the grid and what its workdir holds."""
+
+    setting: str
+    method: str
+    seed: int
+    workdir: str
+    steps: int                    # the step budget of this run
+    tasks: tuple[str, ...]
+    episodes_per_step: int = 0    # training episodes per step (groups_per_step x group_size)
+    state: str = MISSING          # "done", "partial", "failed", "stale" or "missing"
+    last_step: int = -1           # last step in its metrics log (-1: none)
+    config: dict | None = None    # the run's config as JSON, to tell a stale workdir (None: no check)
+
+    @property
+    def name(self) -> str:
+        return f"{self.setting}/{self.method}/seed{self.seed}"
+
+
+def read_rows(run: Run) -> list[dict]:
+    """The run's logged rows within its step budget (a run logged past it is cut back to it)."""
+    path = os.path.join(run.workdir, m.MetricsWriter.JSONL)
+    if not os.path.exists(path):
+        return []
+    rows, _ = load_rows(path)
+    return [r for r in rows if int(r["step"]) < run.steps]
+
+
+def config_difference(run: Run) -> list[str]:
+    """The settings in which the workdir's config.json differs from `run.config`, the step budget
+    aside (a larger budget resumes a run). A workdir made by another config is stale: its results
+    would be someone else's, and the trainer refuses to resume it."""
+    path = os.path.join(run.workdir, "config.json")
+    if run.config is None or not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8") as f:
+        saved = json.load(f)
+
+    def flat(d, prefix=""):
+        out = {}
+        for k, v in d.items():
+            out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k: v})
+        return out
+
+    want, have = flat(run.config), flat(saved)
+    return sorted(k for k in set(want) | set(have) if k != "steps" and want.get(k) != have.get(k))
+
+
+def run_state(run: Run) -> tuple[str, int]:
+    """(state, last logged step). Done means the final step is logged and the trainer wrote its
+    report (it does so after the last checkpoint); failed means the last attempt exited non-zero;
+    stale means the workdir holds a run of a different config."""
+    rows = read_rows(run)
+    last = max((int(r["step"]) for r in rows), default=-1)
+    if config_difference(run):
+        return "stale", last
+    if last == run.steps - 1 and os.path.exists(os.path.join(run.workdir, "report.md")):
+        return "done", last
+    status = os.path.join(run.workdir, STATUS_FILE)
+    if os.path.exists(status):
+        with open(status, encoding="utf-8") as f:
+            if json.load(f).get("returncode", 0) != 0:
+                return "failed", last
+    started = rows or os.path.isdir(os.path.join(run.workdir, "checkpoints"))
+    return ("partial" if started else MISSING), last
+
+
+def final_eval(rows: list[dict], prefix: str) -> dict[str, float] | None:
+    """The last evaluation under `prefix` (success and actions, overall and per task), or None."""
+    for row in reversed(rows):
+        if row.get(m.key(prefix, m.SUCCESS)) is not None:
+            return {k: float(v) for k, v in row.items() if k.startswith(prefix + "/") and v is not None}
+    return None
+
+
+def stats(values: list[float], expected: int) -> dict:
+    """Mean and sample standard deviation of per-seed values; n and how many were expected."""
+    out = {"n": len(values), "expected": expected, "values": [float(v) for v in values]}
+    if values:
+        out["mean"] = float(np.mean(values))
+        out["std"] = float(np.std(values, ddof=1)) if len(values) > 1 else None
+    return out
+
+
+def cell(s: dict, digits: int = 2) -> str:
+    if not s["n"]:
+        return MISSING
+    text = f"{s['mean']:.{digits}f}"
+    if s["std"] is not None:
+        text += f" ± {s['std']:.{digits}f}"
+    if s["n"] < s["expected"]:
+        text += f" ({s['n']}/{s['expected']})"
+    return text
+
+
+def task_value(final: dict, prefix: str, task: str, tasks: tuple[str, ...]) -> float | None:
+    """Final success on `task`; a single-task run may have logged only the overall key."""
+    value = final.get(m.key(prefix, m.SUCCESS, task))
+    if value is None and len(tasks) == 1:
+        value = final.get(m.key(prefix, m.SUCCESS))
+    return value
+
+
+def table_rows(runs: list[Run], tasks: tuple[str, ...], seeds: int,
+               rows_by_run: dict[str, list[dict]]) -> list[dict]:
+    """Table 1's rows for one setting: final success per task and averaged over tasks. The average
+    is taken per seed (over the tasks that seed evaluated) and then summarised over seeds."""
+    out = []
+    methods = {r.method for r in runs}
+    for method, prefix, label in TABLE_ROWS:
+        if method not in methods:
+            continue
+        done = [r for r in runs if r.method == method and r.state == "done"]
+        finals = [final_eval(rows_by_run[r.name], prefix) for r in done]
+        finals = [f for f in finals if f is not None]
+        per_task = {t: stats([v for f in finals if (v := task_value(f, prefix, t, tasks)) is not None],
+                             seeds) for t in tasks}
+        # A seed enters the average only if it evaluated every task, so no task is dropped silently.
+        averages = [float(np.mean(vs)) for f in finals
+                    if None not in (vs := [task_value(f, prefix, t, tasks) for t in tasks])]
+        actions = [f[m.key(prefix, m.ACTIONS)] for f in finals if m.key(prefix, m.ACTIONS) in f]
+        out.append({"method": method, "eval": prefix, "label": label, "per_task": per_task,
+                    "avg": stats(averages, seeds), "actions": stats(actions, seeds)})
+    return out
+
+
+def rollout_times(runs: list[Run], seeds: int, rows_by_run: dict[str, list[dict]]) -> dict:
+    """Per method: actor-rollout seconds per step (per run the median over steps after the first,
+    which includes compilation), summarised over seeds, and the ratio of means to the baseline."""
+    out = {}
+    for method in METHODS:
+        per_seed = []
+        for r in runs:
+            if r.method == method and r.state == "done":
+                steps, values = series(rows_by_run[r.name], m.TIME_ACTOR_ROLLOUT)
+                values = values[steps >= 1] if (steps >= 1).any() else values
+                if len(values):
+                    per_seed.append(float(np.median(values)))
+        if any(r.method == method for r in runs):
+            out[method] = stats(per_seed, seeds)
+    base = out.get("baseline", {}).get("mean")
+    for s in out.values():
+        s["ratio_to_baseline"] = s["mean"] / base if base and s["n"] else None
+    return out
+
+
+def _smooth(values: np.ndarray) -> np.ndarray:
+    """Moving average over a twentieth of the run (none for short runs), edges kept."""
+    w = len(values) // 20
+    if w < 2:
+        return values
+    padded = np.concatenate([np.full(w // 2, values[0]), values, np.full(w - 1 - w // 2, values[-1])])
+    return np.convolve(padded, np.ones(w) / w, mode="valid")
+
+
+def seed_curves(runs: list[Run], rows_by_run: dict[str, list[dict]], name: str, smooth: bool,
+                from_step: int = 0):
+    """(steps, mean, std, n) of metric `name` over the finished runs, on the steps they all logged."""
+    curves = []
+    for r in runs:
+        steps, values = series(rows_by_run[r.name], name)
+        steps, values = steps[steps >= from_step], values[steps >= from_step]
+        if len(steps):
+            curves.append(dict(zip(steps.tolist(), (_smooth(values) if smooth else values).tolist())))
+    if not curves:
+        return None
+    common = sorted(set.intersection(*(set(c) for c in curves)))
+    if not common:
+        return None
+    data = np.array([[c[s] for s in common] for c in curves])
+    std = data.std(axis=0, ddof=1) if len(curves) > 1 else np.zeros(len(common))
+    return np.array(common), data.mean(axis=0), std, len(curves)
+
+
+def plot_curves(path: str, setting: str, runs: list[Run], rows_by_run: dict[str, list[dict]]) -> bool:
+    """Learning curves of one setting, mean over seeds with a ± one standard deviation band."""
+    # (title, [(metric, label suffix, smoothed, first step drawn)]); step 0 of the rollout time
+    # includes compilation and would flatten the rest.
+    panels = [("Training success", [(m.TRAIN_SUCCESS, "", True, 0)]),
+              ("Test success (solid: w/ exp., dashed: w/o)",
+               [(m.EVAL_WITH_EXP_SUCCESS, "w/ exp.", False, 0),
+                (m.EVAL_WITHOUT_EXP_SUCCESS, "w/o exp.", False, 0)]),
+              ("Actions per training episode", [(m.TRAIN_ACTIONS, "", True, 0)]),
+              ("Actor rollout s/step (after step 0)", [(m.TIME_ACTOR_ROLLOUT, "", False, 1)])]
+    fig = Figure(figsize=(14, 3.4), dpi=CURVE_DPI)
+    FigureCanvasAgg(fig)
+    drew = False
+    colors = dict(zip(METHODS, ("tab:gray", "tab:blue", "tab:orange", "tab:purple")))
+    for i, (title, keys) in enumerate(panels):
+        ax = fig.add_subplot(1, len(panels), i + 1)
+        for method, (label, _) in METHODS.items():
+            done = [r for r in runs if r.method == method and r.state == "done"]
+            for name, suffix, smooth, from_step in keys:
+                curve = seed_curves(done, rows_by_run, name, smooth, from_step)
+                if curve is None:
+                    continue
+                steps, mean, std, n = curve
+                style = "--" if suffix == "w/o exp." else "-"
+                ax.plot(steps, mean, style, color=colors[method],
+                        marker="o" if len(steps) < 30 else None,
+                        markersize=3, label=f"{label} {suffix} (n={n})".replace("  ", " "))
+                ax.fill_between(steps, mean - std, mean + std, color=colors[method], alpha=0.15)
+                drew = True
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("step", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(True, alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=6, loc="upper left")  # "best" is slow with seed bands
+    if drew:
+        fig.suptitle(f"{setting}: mean over seeds, band ± 1 std", fontsize=10)
+        fig.tight_layout()
+        fig.savefig(path)
+    return drew
+
+
+def summarise(runs: list[Run], seeds: int, out_dir: str) -> dict:
+    """Everything results.md and results.json show, per setting; writes the curve PNGs."""
+    results = {"seeds": seeds, "spread": "sample standard deviation over seeds (ddof=1)",
+               "settings": {}}
+    for setting in dict.fromkeys(r.setting for r in runs):
+        group = [r for r in runs if r.setting == setting]
+        rows_by_run = {r.name: read_rows(r) if r.state == "done" else [] for r in group}
+        tasks = group[0].tasks
+        budgets = sorted({r.steps * r.episodes_per_step for r in group})
+        png = f"curves_{setting}.png"
+        drew = plot_curves(os.path.join(out_dir, png), setting, group, rows_by_run)
+        results["settings"][setting] = {
+            "tasks": list(tasks),
+            "steps": sorted({r.steps for r in group}),
+            "training_episodes_per_run": budgets,
+            "table": table_rows(group, tasks, seeds, rows_by_run),
+            "actor_rollout_s": rollout_times(group, seeds, rows_by_run),
+            "runs": [{"run": r.name, "state": r.state, "last_step": r.last_step, "steps": r.steps,
+                      "workdir": r.workdir} for r in group],
+            "not_in_table": [r.name for r in group if r.state != "done"],
+            "curves": png if drew else None,
+        }
+    return results
+
+
+ACTIONS_NOTE = ("Actions per episode at the final evaluation (over all its episodes, successful or "
+                "not: the metrics log holds no count over successful episodes alone):")
+ROLLOUT_NOTE = ("Actor rollout seconds per step (`time/actor_rollout_s`; per run the median over the "
+                "steps after the first, which compiles; wall time, so only runs made on the same "
+                "machine under the same load compare):")
+
+
+def _setting_markdown(setting: str, s: dict) -> list[str]:
+    tasks, budgets = s["tasks"], s["training_episodes_per_run"]
+    budget = (f"Budget: {', '.join(map(str, s['steps']))} steps, "
+              f"{', '.join(map(str, budgets))} training episodes per run")
+    if len(budgets) > 1:
+        budget += " (UNEQUAL across the runs of this setting)"
+    out = [f"## {setting} ({len(tasks)} task{'s' * (len(tasks) > 1)})", "", budget + ".", "",
+           "| Method | " + " | ".join(tasks) + " | Avg |", "|---|" + "---:|" * (len(tasks) + 1)]
+    for row in s["table"]:
+        cells = [cell(row["per_task"][t]) for t in tasks] + [cell(row["avg"])]
+        out.append(f"| {row['label']} | " + " | ".join(cells) + " |")
+    out += ["", ACTIONS_NOTE, "", "| Method | actions |", "|---|---:|"]
+    out += [f"| {row['label']} | {cell(row['actions'], 1)} |" for row in s["table"]]
+    out += ["", ROLLOUT_NOTE, "", "| Method | s/step | ratio to baseline |", "|---|---:|---:|"]
+    for method, t in s["actor_rollout_s"].items():
+        ratio = f"{t['ratio_to_baseline']:.2f}x" if t.get("ratio_to_baseline") else "—"
+        out.append(f"| {METHODS[method][0]} | {cell(t, 2)} | {ratio} |")
+    if s["curves"]:
+        out += ["", f"![{setting} learning curves]({s['curves']})"]
+    not_done = [r for r in s["runs"] if r["state"] != "done"]
+    if not_done:
+        listed = [f"`{r['run']}` {r['state']}"
+                  + (f" (step {r['last_step'] + 1}/{r['steps']})" if r["last_step"] >= 0 else "")
+                  for r in not_done]
+        out += ["", f"Not in the table ({len(not_done)} of {len(s['runs'])} runs): "
+                + ", ".join(listed) + "."]
+    return out + [""]
+
+
+def render_markdown(results: dict) -> str:
+    out = ["# Reproduction of Table 1 (embedded CPU setting)", "",
+           f"Final test-split success rate, mean ± spread over seeds; spread = {results['spread']}. "
+           f"A cell with fewer than {results['seeds']} finished seed(s) says how many it has; a "
+           "cell with none reads \"missing\".", ""]
+    for setting, s in results["settings"].items():
+        out += _setting_markdown(setting, s)
+    return "\n".join(out).rstrip() + "\n"
+
+
+def write_results(runs: list[Run], seeds: int, out_dir: str) -> dict:
+    """Write `<out_dir>/results.md`, `results.json` and `curves_<setting>.png`; returns the results."""
+    os.makedirs(out_dir, exist_ok=True)
+    results = summarise(runs, seeds, out_dir)
+    with open(os.path.join(out_dir, "results.json"), "w", encoding="utf-8") as f:
+        json.dump(results, f, indent=1)
+    with open(os.path.join(out_dir, "results.md"), "w", encoding="utf-8") as f:
+        f.write(render_markdown(results))
+    return results

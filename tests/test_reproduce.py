@@ -1,0 +1,157 @@
+"""experiments/reproduce_results.py on synthetic metrics logs: Table 1 cells against numpy, missing
+runs reported as missing (never as zeros), rollout-time ratio, curves written."""
+
+import importlib.util
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_spec = importlib.util.spec_from_file_location(
+    "reproduce_results", os.path.join(ROOT, "experiments", "reproduce_results.py"))
+rr = importlib.util.module_from_spec(_spec)
+sys.modules["reproduce_results"] = rr  # dataclasses look their module up while it executes
+_spec.loader.exec_module(rr)
+
+TASKS = ("minihack/room-ultimate-5x5", "shop/v1")
+STEPS, SEEDS = 4, 3
+PREFIXES = {"baseline": ("eval/without_exp",), "crl": ("eval/with_exp", "eval/without_exp")}
+
+
+def write_run(workdir, rng, prefixes) -> dict:
+    """A finished run's metrics.jsonl (evaluations at steps 1 and 3) and report.md; returns the
+    values it logged at the final evaluation and its rollout times."""
+    os.makedirs(workdir)
+    final, rollout = {}, []
+    with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
+        for step in range(STEPS):
+            row = {"step": step, "time": 1000.0 + step, "train/success": float(rng.uniform()),
+                   "train/actions": float(rng.uniform(2, 8)),
+                   "time/actor_rollout_s": float(rng.uniform(1, 2) + 30 * (step == 0))}
+            rollout.append(row["time/actor_rollout_s"])
+            if step in (1, 3):
+                for prefix in prefixes:
+                    per_task = rng.uniform(size=len(TASKS))
+                    row.update({f"{prefix}/success/{t}": float(v) for t, v in zip(TASKS, per_task)})
+                    row[f"{prefix}/success"] = float(per_task.mean())
+                    row[f"{prefix}/actions"] = float(rng.uniform(3, 9))
+                    if step == STEPS - 1:
+                        final[prefix] = row
+            f.write(json.dumps(row) + "\n")
+        f.write('{"step": 4, "tim')  # a line cut by a kill must not count
+    open(os.path.join(workdir, "report.md"), "w").close()
+    return {"final": final, "rollout": rollout}
+
+
+@pytest.fixture(scope="module")
+def grid(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("grid")
+    rng = np.random.default_rng(0)
+    logged, runs = {}, []
+    for method in ("baseline", "crl", "static"):
+        for seed in range(SEEDS):
+            run = rr.Run("three", method, seed, str(tmp_path / method / f"seed{seed}"), STEPS, TASKS,
+                         episodes_per_step=16)
+            if method == "crl" and seed == 2:
+                pass  # the missing run
+            elif method == "static":
+                pass  # a method with no run at all
+            else:
+                logged[run.name] = write_run(run.workdir, rng, PREFIXES[method])
+            run.state, run.last_step = rr.run_state(run)
+            runs.append(run)
+    results = rr.write_results(runs, SEEDS, str(tmp_path))
+    return tmp_path, logged, results
+
+
+def _row(results, method, prefix, setting="three"):
+    return next(r for r in results["settings"][setting]["table"]
+                if r["method"] == method and r["eval"] == prefix)
+
+
+@pytest.mark.parametrize("method,prefix,seeds", [("baseline", "eval/without_exp", (0, 1, 2)),
+                                                 ("crl", "eval/with_exp", (0, 1)),
+                                                 ("crl", "eval/without_exp", (0, 1))])
+def test_table_cells_match_numpy(grid, method, prefix, seeds):
+    _, logged, results = grid
+    row = _row(results, method, prefix)
+    finals = [logged[f"three/{method}/seed{s}"]["final"][prefix] for s in seeds]
+    for task in TASKS:
+        values = np.array([f[f"{prefix}/success/{task}"] for f in finals])
+        cell = row["per_task"][task]
+        assert cell["n"] == len(seeds) and cell["expected"] == SEEDS
+        np.testing.assert_allclose(cell["mean"], values.mean())
+        np.testing.assert_allclose(cell["std"], values.std(ddof=1))
+    per_seed_avg = np.array([np.mean([f[f"{prefix}/success/{t}"] for t in TASKS]) for f in finals])
+    np.testing.assert_allclose(row["avg"]["mean"], per_seed_avg.mean())
+    np.testing.assert_allclose(row["avg"]["std"], per_seed_avg.std(ddof=1))
+    actions = np.array([f[f"{prefix}/actions"] for f in finals])
+    np.testing.assert_allclose(row["actions"]["mean"], actions.mean())
+
+
+def test_missing_runs_are_reported_as_missing_not_zero(grid):
+    out, _, results = grid
+    setting = results["settings"]["three"]
+    states = {r["run"]: r["state"] for r in setting["runs"]}
+    assert states["three/crl/seed2"] == "missing" and states["three/crl/seed0"] == "done"
+    assert "three/crl/seed2" in setting["not_in_table"]
+    assert "three/baseline/seed0" not in setting["not_in_table"]
+    static = _row(results, "static", "eval/with_exp")
+    assert static["per_task"][TASKS[0]]["n"] == 0 and "mean" not in static["per_task"][TASKS[0]]
+    md = open(out / "results.md").read()
+    assert "| Static Online Exp. (eval w/ exp.) | missing | missing | missing |" in md
+    crl = _row(results, "crl", "eval/with_exp")
+    expected = rr.cell(crl["per_task"][TASKS[0]])
+    assert expected.endswith("(2/3)") and f"| Comp. RL (eval w/ exp.) | {expected} |" in md
+    assert "`three/crl/seed2` missing" in md
+
+
+def test_rollout_time_ratio_and_curves(grid):
+    out, logged, results = grid
+    times = results["settings"]["three"]["actor_rollout_s"]
+
+    def medians(method, seeds):  # step 0 (compilation) is left out
+        return np.array([np.median(logged[f"three/{method}/seed{s}"]["rollout"][1:]) for s in seeds])
+
+    base, crl = medians("baseline", range(3)), medians("crl", range(2))
+    np.testing.assert_allclose(times["baseline"]["mean"], base.mean())
+    np.testing.assert_allclose(times["crl"]["std"], crl.std(ddof=1))
+    np.testing.assert_allclose(times["crl"]["ratio_to_baseline"], crl.mean() / base.mean())
+    assert times["static"]["n"] == 0 and times["static"]["ratio_to_baseline"] is None
+    png = out / results["settings"]["three"]["curves"]
+    assert png.read_bytes()[:4] == b"\x89PNG" and png.stat().st_size < 300_000
+    assert json.loads((out / "results.json").read_text()) == json.loads(json.dumps(results))
+
+
+def test_unfinished_run_is_partial_and_stays_out_of_the_table(tmp_path):
+    run = rr.Run("single", "crl", 0, str(tmp_path / "r"), STEPS, TASKS[:1])
+    write_run(run.workdir, np.random.default_rng(1), PREFIXES["crl"])
+    os.remove(os.path.join(run.workdir, "report.md"))  # killed before the trainer's end
+    assert rr.run_state(run) == ("partial", STEPS - 1)
+    run.steps = STEPS + 2  # a larger budget asked for later: resumable, not done
+    run.state, run.last_step = rr.run_state(run)
+    assert run.state == "partial"
+    results = rr.write_results([run], 1, str(tmp_path))
+    assert _row(results, "crl", "eval/with_exp", "single")["avg"]["n"] == 0
+    with open(os.path.join(run.workdir, rr.STATUS_FILE), "w") as f:
+        json.dump({"returncode": 1}, f)
+    assert rr.run_state(run)[0] == "failed"
+
+
+def test_workdir_of_another_config_is_stale_but_a_larger_budget_is_not(tmp_path):
+    run = rr.Run("single", "crl", 0, str(tmp_path / "r"), STEPS, TASKS[:1])
+    write_run(run.workdir, np.random.default_rng(2), PREFIXES["crl"])
+    saved = {"steps": STEPS, "seed": 0, "memory": {"enabled": True, "merge_every": 5}}
+    with open(os.path.join(run.workdir, "config.json"), "w") as f:
+        json.dump(saved, f)
+    run.config = json.loads(json.dumps(saved))
+    assert rr.run_state(run)[0] == "done"
+    run.config["steps"] = STEPS + 5
+    assert rr.config_difference(run) == []
+    run.config["memory"]["merge_every"] = 0
+    run.config["memory"]["new_key"] = 1
+    assert rr.config_difference(run) == ["memory.merge_every", "memory.new_key"]
+    assert rr.run_state(run)[0] == "stale"

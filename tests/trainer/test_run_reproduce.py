@@ -1,0 +1,62 @@
+"""experiments/reproduce.py end to end on the tiny run: two methods x one seed of one step each,
+their results in the table, and a second invocation that skips the finished runs. (Named to run
+after test_run_cli in the same session, whose compilations of the tiny run it reuses.)"""
+
+import json
+import os
+import subprocess
+import sys
+
+from tests.trainer.conftest import subprocess_env
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPRODUCE = os.path.join(ROOT, "experiments", "reproduce.py")
+TINY = os.path.join(ROOT, "tests", "trainer", "tiny_variants_config.py")
+
+
+def reproduce(out, cache, *extra):
+    args = [sys.executable, REPRODUCE, f"--out={out}", f"--setting=tiny={TINY}",
+            "--methods=baseline,crl", "--seeds=0", "--steps=1", *extra]
+    return subprocess.run(args, cwd=ROOT, env=subprocess_env(cache), capture_output=True, text=True,
+                          timeout=900)
+
+
+def test_grid_runs_then_resumes_by_skipping_finished_runs(tmp_path, compile_cache):
+    out = tmp_path / "repro"
+    first = reproduce(out, compile_cache)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert "[1/2] tiny/baseline/seed0: starting" in first.stdout
+    assert "[2/2] tiny/crl/seed0: starting" in first.stdout
+    assert "tiny/crl/seed0: step 1/1" in first.stdout  # the child's progress line, streamed
+    for method in ("baseline", "crl"):
+        workdir = out / "tiny" / method / "seed0"
+        config = json.loads((workdir / "config.json").read_text())
+        assert config["seed"] == 0 and config["steps"] == 1
+        assert config["memory"]["enabled"] == (method == "crl")  # the variant reached the trainer
+    results = json.loads((out / "results.json").read_text())["settings"]["tiny"]
+    assert results["not_in_table"] == []
+    cells = {(r["method"], r["eval"]): r["avg"]["n"] for r in results["table"]}
+    assert cells == {("baseline", "eval/without_exp"): 1, ("crl", "eval/with_exp"): 1,
+                     ("crl", "eval/without_exp"): 1}
+    assert set(results["actor_rollout_s"]) == {"baseline", "crl"}
+    assert (out / "curves_tiny.png").exists() and (out / "results.md").exists()
+
+    logs = {m: (out / "tiny" / m / "seed0" / "metrics.jsonl").read_text() for m in ("baseline", "crl")}
+    second = reproduce(out, compile_cache)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert "starting" not in second.stdout
+    assert second.stdout.count("done, skipped") == 2
+    for method, text in logs.items():
+        assert (out / "tiny" / method / "seed0" / "metrics.jsonl").read_text() == text
+
+    listed = reproduce(out, compile_cache, "--dry-run", "--seeds=0,1")
+    assert listed.returncode == 0, listed.stderr
+    assert "2 of 4 runs done, 2 to run" in listed.stdout
+    assert not (out / "tiny" / "crl" / "seed1").exists()  # a dry run starts nothing
+
+    # Another config for the same workdirs (the configs changed): not done, and not run either.
+    changed = reproduce(out, compile_cache, f"--setting=tiny={TINY}:no_merge", "--methods=crl")
+    assert changed.returncode == 1
+    assert "tiny/crl/seed0: its workdir holds a run of another config" in changed.stdout
+    assert "memory.merge_every" in changed.stdout and "starting" not in changed.stdout
+    assert (out / "tiny" / "crl" / "seed0" / "metrics.jsonl").read_text() == logs["crl"]
