@@ -26,7 +26,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from crl_jax import envs, models, sharding
+from crl_jax import distributed, envs, models, roles, sharding
 from crl_jax import metrics as metrics_lib
 from crl_jax.checkpoint import Checkpointer, config_digest
 from crl_jax.config import RunConfig
@@ -104,9 +104,14 @@ class Trainer:
     def __init__(self, cfg: RunConfig, workdir: str):
         self.cfg, self.workdir = cfg, workdir
         os.makedirs(workdir, exist_ok=True)
-        self.mesh = sharding.make_mesh(cfg.mesh_shape)
-        actor_folder = resolve_model_folder(cfg.actor, workdir)
-        self.tokenizer = build_tokenizer(cfg, workdir, actor_folder)
+        self.mesh, self.extractor_mesh = roles.role_meshes(cfg.mesh_shape, cfg.extractor_devices,
+                                                           cfg.extractor_mesh_shape)
+        # Multi-host: states train on the global mesh; samplers and the bank use host-local devices.
+        self.hosts = distributed.Hosts.create(self.mesh)
+        self.rollout_mesh = self.hosts.local_mesh if self.hosts else self.mesh
+        actor_folder = distributed.process0_first(lambda: resolve_model_folder(cfg.actor, workdir), "actor")
+        self.tokenizer = distributed.process0_first(
+            lambda: build_tokenizer(cfg, workdir, actor_folder), "tokenizer")
         actor_tx = make_optimizer(OptimizerConfig(cfg.rl.learning_rate, cfg.rl.weight_decay,
                                                   cfg.rl.max_grad_norm))
         ext_tx = make_optimizer(OptimizerConfig(cfg.rl.extractor_learning_rate, cfg.rl.weight_decay,
@@ -114,8 +119,10 @@ class Trainer:
         self.actor_state = build_state(cfg.actor, actor_folder, self.tokenizer, actor_tx, self.mesh,
                                        cfg.seed)
         self.extractor_state = build_state(cfg.extractor_model,
-                                           resolve_model_folder(cfg.extractor_model, workdir),
-                                           self.tokenizer, ext_tx, self.mesh, cfg.seed + 1)
+                                           distributed.process0_first(
+                                               lambda: resolve_model_folder(cfg.extractor_model, workdir),
+                                               "extractor"),
+                                           self.tokenizer, ext_tx, self.extractor_mesh, cfg.seed + 1)
         self.train_cfg = TrainConfig(
             actor_loss=LossConfig("ppo", cfg.rl.clip_eps, cfg.rl.clip_eps, cfg.rl.aggregation),
             extractor_loss=LossConfig("cispo", cfg.rl.cispo_eps, cfg.rl.cispo_eps, "token_mean"),
@@ -131,7 +138,7 @@ class Trainer:
             self.actor_state.graphdef, actor_model_cfg,
             SamplerSpec(method="sample", temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
                         max_new_tokens=r.max_new_tokens, eos_ids=self.tokenizer.stop_ids,
-                        stop_sequences=stops, cache_length=r.cache_length), mesh=self.mesh)
+                        stop_sequences=stops, cache_length=r.cache_length), mesh=self.rollout_mesh)
         self.actor_loop = ActorLoop(self.actor_sampler, self.tokenizer,
                                     ActorLoopConfig(r.max_turns, r.search_and_ask, r.max_tool_uses))
         self.experience = None
@@ -142,32 +149,36 @@ class Trainer:
                 self.extractor_state.graphdef, ext_model_cfg,
                 SamplerSpec(method="sample", temperature=e.temperature, top_p=e.top_p,
                             max_new_tokens=e.max_new_tokens, eos_ids=self.tokenizer.stop_ids,
-                            cache_length=e.cache_length), mesh=self.mesh)
+                            cache_length=e.cache_length),
+                mesh=self.rollout_mesh if self.hosts else self.extractor_mesh)
             embedder = self._embedder()
             m = cfg.memory
             manager = MemoryManager(
                 BankConfig(tuple(cfg.tasks), m.capacity, embedder.dim, m.merge_every, m.merge_chunk),
                 jit_bank_fns(SearchConfig(1, m.candidate_multiplier, m.diversity_lambda,
-                                          m.recency_steps, 1.0, m.demote_probability), self.mesh),
+                                          m.recency_steps, 1.0, m.demote_probability), self.rollout_mesh),
                 embedder)
             # The bank is born sharded (slots over the mesh), so a restored bank lands on the
             # same devices as a fresh one.
             manager.bank = jax.device_put(manager.bank, sharding.tree_shardings(
-                self.mesh, manager.bank, bank_lib.bank_logical_axes()))
+                self.rollout_mesh, manager.bank, bank_lib.bank_logical_axes()))
             guided_per_step = r.groups_per_step * (r.group_size - r.free_per_group)
-            self.experience = ExperienceService(
-                manager, ExtractorClient(ext_sampler, self.tokenizer, min_batch=guided_per_step),
-                cfg.seed)
+            client = ExtractorClient(ext_sampler, self.tokenizer, min_batch=guided_per_step)
+            if self.hosts:  # process 0 writes extractor text; every host applies it
+                client = distributed.WriterExtractor(client, self.hosts)
+            self.experience = ExperienceService(manager, client, cfg.seed)
         self._train_weights = jax.jit(bank_lib.train_weights)
         self.buffer = RewardBuffer()
         self.env_pool: dict[str, list] = {}
-        self.background = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+        self.background = (distributed.InlineExecutor() if self.hosts else
+                           concurrent.futures.ThreadPoolExecutor(max_workers=1))
         self.pending = None
         self.pending_trained: list[int] = []
         self._trained_at = 0
         self._carry: dict = {}
 
-        splits = task_splits(cfg.tasks, cfg.data_dir or os.path.join(workdir, "tfds"))
+        splits = distributed.process0_first(
+            lambda: task_splits(cfg.tasks, cfg.data_dir or os.path.join(workdir, "tfds")), "task_splits")
         self.stream = TaskStream(splits["train"], cfg.seed)
         self.test_tasks = [t for name in cfg.tasks
                            for t in [t for t in splits["test"] if t["env"] == name][:cfg.eval.tasks_per_env]]
@@ -179,7 +190,7 @@ class Trainer:
 
         if self.cfg.memory.embedder == "minilm":
             return embedder_lib.minilm_embedder()
-        return embedder_lib.qwen3_embedder(self.cfg.memory.embedder, mesh=self.mesh)
+        return embedder_lib.qwen3_embedder(self.cfg.memory.embedder, mesh=self.rollout_mesh)
 
     # ---- environments ----------------------------------------------------------------------
     def envs_for(self, specs: list[EpisodeSpec]) -> list[GuardedEnv]:
@@ -219,6 +230,8 @@ class Trainer:
     def rollout(self, specs: list[EpisodeSpec], step: int, use_memory: bool, seed: int,
                 allow_tools: bool = True, count_retrievals: bool = True):
         """Reset the episodes' environments, retrieve for guided ones, and run the actor loop."""
+        if self.hosts:
+            return self.hosts.rollout(self, specs, step, use_memory, seed, allow_tools, count_retrievals)
         guards = self.envs_for(specs)
         firsts = []
         for guard, spec in zip(guards, specs):
@@ -321,7 +334,11 @@ class Trainer:
 
     def _update(self, trajectories, extractor_batch) -> dict:
         actor_batch = to_policy_batch(trajectories, self.cfg.rl.max_seq_len)
+        if self.extractor_mesh is not self.mesh:
+            return roles.split_update(self, actor_batch, extractor_batch)
         batch = TrainBatch(actor_batch, extractor_batch)
+        if self.hosts:
+            batch = self.hosts.global_batch(batch, self.mesh)
         key = extractor_batch is not None
         if key not in self._step_fns:
             self._step_fns[key] = make_train_step(self.train_cfg, self.mesh, self.actor_state,
@@ -373,6 +390,8 @@ class Trainer:
         tree = {"actor": self.actor_state, "extractor": self.extractor_state}
         if self.experience is not None:
             tree["bank"] = self.experience.manager.bank
+            if self.hosts:  # one replicated copy in the checkpoint
+                tree["bank"] = self.hosts.to_global(tree["bank"])
         return tree
 
     def save(self, next_step: int) -> None:
@@ -389,7 +408,10 @@ class Trainer:
             log.warning("checkpoint step %d was unusable (%s); restored step %d instead", skipped, why, step)
         self.actor_state, self.extractor_state = tree["actor"], tree["extractor"]
         if self.experience is not None:
-            self.experience.manager.restore(tree["bank"], host["memory"])
+            bank = tree["bank"]
+            if self.hosts:
+                bank = self.hosts.to_local(bank, self.experience.manager.bank)
+            self.experience.manager.restore(bank, host["memory"])
             self.experience.stats.clear()
             self.experience.stats.update(host["memory_reasons"])
         self.buffer = RewardBuffer.from_json(host["buffer"])
