@@ -118,10 +118,9 @@ class Trainer:
                                                 cfg.rl.max_grad_norm))
         self.actor_state = build_state(cfg.actor, actor_folder, self.tokenizer, actor_tx, self.mesh,
                                        cfg.seed)
-        self.extractor_state = build_state(cfg.extractor_model,
-                                           distributed.process0_first(
-                                               lambda: resolve_model_folder(cfg.extractor_model, workdir),
-                                               "extractor"),
+        extractor_folder = distributed.process0_first(
+            lambda: resolve_model_folder(cfg.extractor_model, workdir), "extractor")
+        self.extractor_state = build_state(cfg.extractor_model, extractor_folder,
                                            self.tokenizer, ext_tx, self.extractor_mesh, cfg.seed + 1)
         self.train_cfg = TrainConfig(
             actor_loss=LossConfig("ppo", cfg.rl.clip_eps, cfg.rl.clip_eps, cfg.rl.aggregation),
