@@ -152,10 +152,11 @@ class Hosts:
 
         def place(x, target):
             x = np.asarray(x)
-            index = target.addressable_devices_indices_map(x.shape)
-            rows = [idx[0] for idx in index.values()]
-            start = min(r.start or 0 for r in rows)
-            stop = max(x.shape[0] if r.stop is None else r.stop for r in rows)
+            rows = {idx[0].indices(x.shape[0]) for idx in
+                    target.addressable_devices_indices_map(x.shape).values()}
+            start, stop = min(r[0] for r in rows), max(r[1] for r in rows)
+            if sum(r[1] - r[0] for r in rows) != stop - start:  # not one block: hand over all rows
+                start, stop = 0, x.shape[0]
             return jax.make_array_from_process_local_data(target, x[start:stop], x.shape)
 
         return jax.tree.map(place, batch, batch_shardings(mesh, batch))
