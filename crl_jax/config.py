@@ -136,6 +136,10 @@ class RunConfig:
     warm_start: WarmStartConfig = WarmStartConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     mesh_shape: tuple[int, ...] = (1, -1, 1)
+    # Role meshes: 0 = actor and extractor colocated on the one mesh above; n > 0 = the last n
+    # devices form the extractor's own mesh (shape `extractor_mesh_shape`), the rest the actor's.
+    extractor_devices: int = 0
+    extractor_mesh_shape: tuple[int, ...] = (1, -1, 1)
     data_dir: str = ""          # TFDS data dir; empty = <workdir>/tfds
     log_every: int = 1
 
@@ -154,7 +158,7 @@ _POSITIVE = {"steps", "groups_per_step", "group_size", "max_new_tokens", "cache_
 _NON_NEGATIVE = {"seed", "free_per_group", "max_turns", "max_tool_uses", "merge_every", "warmup_steps",
                  "cooldown_steps", "weight_power", "weight_decay", "every", "recency_steps",
                  "diversity_lambda", "learning_rate", "extractor_learning_rate", "clip_eps", "cispo_eps",
-                 "actor_steps", "extractor_steps", "merge_examples"}
+                 "actor_steps", "extractor_steps", "merge_examples", "extractor_devices"}
 
 
 def _check_value(path: str, name: str, value: Any, problems: list[str]) -> None:
@@ -260,6 +264,9 @@ def _cross_checks(cfg: RunConfig) -> list[str]:
         problems.append("extractor.max_new_tokens: must be < extractor.cache_length")
     if len(cfg.mesh_shape) != 3 or cfg.mesh_shape.count(-1) > 1:
         problems.append(f"mesh_shape: three axes (data, fsdp, tensor) with at most one -1; got {cfg.mesh_shape}")
+    if len(cfg.extractor_mesh_shape) != 3 or cfg.extractor_mesh_shape.count(-1) > 1:
+        problems.append("extractor_mesh_shape: three axes (data, fsdp, tensor) with at most one -1; "
+                        f"got {cfg.extractor_mesh_shape}")
     import os
 
     for name, model in (("actor", cfg.actor), ("extractor_model", cfg.extractor_model)):

@@ -26,7 +26,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from crl_jax import envs, models, sharding
+from crl_jax import distributed, envs, models, roles, sharding
 from crl_jax import metrics as metrics_lib
 from crl_jax.checkpoint import Checkpointer, config_digest
 from crl_jax.config import RunConfig
@@ -105,18 +105,24 @@ class Trainer:
     def __init__(self, cfg: RunConfig, workdir: str):
         self.cfg, self.workdir = cfg, workdir
         os.makedirs(workdir, exist_ok=True)
-        self.mesh = sharding.make_mesh(cfg.mesh_shape)
-        actor_folder = resolve_model_folder(cfg.actor, workdir)
-        self.tokenizer = build_tokenizer(cfg, workdir, actor_folder)
+        self.mesh, self.extractor_mesh = roles.role_meshes(cfg.mesh_shape, cfg.extractor_devices,
+                                                           cfg.extractor_mesh_shape)
+        # Multi-host: states train on the global mesh; samplers and the bank use host-local devices.
+        self.hosts = distributed.Hosts.create(self.mesh)
+        self.rollout_mesh = self.hosts.local_mesh if self.hosts else self.mesh
+        actor_folder = distributed.process0_first(lambda: resolve_model_folder(cfg.actor, workdir), "actor")
+        self.tokenizer = distributed.process0_first(
+            lambda: build_tokenizer(cfg, workdir, actor_folder), "tokenizer")
         actor_tx = make_optimizer(OptimizerConfig(cfg.rl.learning_rate, cfg.rl.weight_decay,
                                                   cfg.rl.max_grad_norm))
         ext_tx = make_optimizer(OptimizerConfig(cfg.rl.extractor_learning_rate, cfg.rl.weight_decay,
                                                 cfg.rl.max_grad_norm))
         self.actor_state = build_state(cfg.actor, actor_folder, self.tokenizer, actor_tx, self.mesh,
                                        cfg.seed)
-        self.extractor_state = build_state(cfg.extractor_model,
-                                           resolve_model_folder(cfg.extractor_model, workdir),
-                                           self.tokenizer, ext_tx, self.mesh, cfg.seed + 1)
+        extractor_folder = distributed.process0_first(
+            lambda: resolve_model_folder(cfg.extractor_model, workdir), "extractor")
+        self.extractor_state = build_state(cfg.extractor_model, extractor_folder,
+                                           self.tokenizer, ext_tx, self.extractor_mesh, cfg.seed + 1)
         self.train_cfg = TrainConfig(
             actor_loss=LossConfig("ppo", cfg.rl.clip_eps, cfg.rl.clip_eps, cfg.rl.aggregation),
             extractor_loss=LossConfig("cispo", cfg.rl.cispo_eps, cfg.rl.cispo_eps, "token_mean"),
@@ -132,7 +138,7 @@ class Trainer:
             self.actor_state.graphdef, actor_model_cfg,
             SamplerSpec(method="sample", temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
                         max_new_tokens=r.max_new_tokens, eos_ids=self.tokenizer.stop_ids,
-                        stop_sequences=stops, cache_length=r.cache_length), mesh=self.mesh)
+                        stop_sequences=stops, cache_length=r.cache_length), mesh=self.rollout_mesh)
         self.actor_loop = ActorLoop(self.actor_sampler, self.tokenizer,
                                     ActorLoopConfig(r.max_turns, r.search_and_ask, r.max_tool_uses))
         self.experience = None
@@ -143,32 +149,36 @@ class Trainer:
                 self.extractor_state.graphdef, ext_model_cfg,
                 SamplerSpec(method="sample", temperature=e.temperature, top_p=e.top_p,
                             max_new_tokens=e.max_new_tokens, eos_ids=self.tokenizer.stop_ids,
-                            cache_length=e.cache_length), mesh=self.mesh)
+                            cache_length=e.cache_length),
+                mesh=self.rollout_mesh if self.hosts else self.extractor_mesh)
             embedder = self._embedder()
             m = cfg.memory
             manager = MemoryManager(
                 BankConfig(tuple(cfg.tasks), m.capacity, embedder.dim, m.merge_every, m.merge_chunk),
                 jit_bank_fns(SearchConfig(1, m.candidate_multiplier, m.diversity_lambda,
-                                          m.recency_steps, 1.0, m.demote_probability), self.mesh),
+                                          m.recency_steps, 1.0, m.demote_probability), self.rollout_mesh),
                 embedder)
             # The bank is born sharded (slots over the mesh), so a restored bank lands on the
             # same devices as a fresh one.
             manager.bank = jax.device_put(manager.bank, sharding.tree_shardings(
-                self.mesh, manager.bank, bank_lib.bank_logical_axes()))
+                self.rollout_mesh, manager.bank, bank_lib.bank_logical_axes()))
             guided_per_step = r.groups_per_step * (r.group_size - r.free_per_group)
-            self.experience = ExperienceService(
-                manager, ExtractorClient(ext_sampler, self.tokenizer, min_batch=guided_per_step),
-                cfg.seed)
+            client = ExtractorClient(ext_sampler, self.tokenizer, min_batch=guided_per_step)
+            if self.hosts:  # process 0 writes extractor text; every host applies it
+                client = distributed.WriterExtractor(client, self.hosts)
+            self.experience = ExperienceService(manager, client, cfg.seed)
         self._train_weights = jax.jit(bank_lib.train_weights)
         self.buffer = RewardBuffer()
         self.env_pool: dict[str, list] = {}
-        self.background = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+        self.background = (distributed.InlineExecutor() if self.hosts else
+                           concurrent.futures.ThreadPoolExecutor(max_workers=1))
         self.pending = None
         self.pending_trained: list[int] = []
         self._trained_at = 0
         self._carry: dict = {}
 
-        splits = task_splits(cfg.tasks, cfg.data_dir or os.path.join(workdir, "tfds"))
+        splits = distributed.process0_first(
+            lambda: task_splits(cfg.tasks, cfg.data_dir or os.path.join(workdir, "tfds")), "task_splits")
         self.train_tasks = splits["train"]
         self.stream = TaskStream(splits["train"], cfg.seed)
         self.test_tasks = [t for name in cfg.tasks
@@ -181,7 +191,7 @@ class Trainer:
 
         if self.cfg.memory.embedder == "minilm":
             return embedder_lib.minilm_embedder()
-        return embedder_lib.qwen3_embedder(self.cfg.memory.embedder, mesh=self.mesh)
+        return embedder_lib.qwen3_embedder(self.cfg.memory.embedder, mesh=self.rollout_mesh)
 
     # ---- environments ----------------------------------------------------------------------
     def envs_for(self, specs: list[EpisodeSpec]) -> list[GuardedEnv]:
@@ -221,6 +231,8 @@ class Trainer:
     def rollout(self, specs: list[EpisodeSpec], step: int, use_memory: bool, seed: int,
                 allow_tools: bool = True, count_retrievals: bool = True):
         """Reset the episodes' environments, retrieve for guided ones, and run the actor loop."""
+        if self.hosts:
+            return self.hosts.rollout(self, specs, step, use_memory, seed, allow_tools, count_retrievals)
         guards = self.envs_for(specs)
         firsts = []
         for guard, spec in zip(guards, specs):
@@ -327,16 +339,23 @@ class Trainer:
         metrics["extractor/reward"] = float(np.mean([s.reward for s in samples]))
         metrics["extractor/weight_mean"] = float(weights.mean())
         longest = max(len(s.generation.prompt_ids) + len(s.generation.response_ids) for s in samples)
+        length = (self.cfg.extractor.cache_length if self.hosts
+                  else length_bucket(longest, self.cfg.extractor.cache_length))
         return generations_batch([(s.generation, s.reward, float(w)) for s, w in zip(samples, weights)],
-                                 length_bucket(longest, self.cfg.extractor.cache_length), e.batch_size,
-                                 self.tokenizer.pad_id)
+                                 length, e.batch_size, self.tokenizer.pad_id)
 
     def _update(self, trajectories, extractor_batch) -> dict:
         # Pad to a length bucket, not to max_seq_len: short episodes train at a fraction of the
-        # cost, and the few bucket shapes each compile once.
+        # cost, and the few bucket shapes each compile once. Hosts of a multi-host run keep the
+        # fixed length, since they must all build the same shapes.
         longest = max(len(t.tokens) for t in trajectories)
-        actor_batch = to_policy_batch(trajectories, length_bucket(longest, self.cfg.rl.max_seq_len))
+        length = self.cfg.rl.max_seq_len if self.hosts else length_bucket(longest, self.cfg.rl.max_seq_len)
+        actor_batch = to_policy_batch(trajectories, length)
+        if self.extractor_mesh is not self.mesh:
+            return roles.split_update(self, actor_batch, extractor_batch)
         batch = TrainBatch(actor_batch, extractor_batch)
+        if self.hosts:
+            batch = self.hosts.global_batch(batch, self.mesh)
         key = (actor_batch.tokens.shape, None if extractor_batch is None else extractor_batch.tokens.shape)
         if key not in self._step_fns:
             self._step_fns[key] = make_train_step(self.train_cfg, self.mesh, self.actor_state,
@@ -388,6 +407,8 @@ class Trainer:
         tree = {"actor": self.actor_state, "extractor": self.extractor_state}
         if self.experience is not None:
             tree["bank"] = self.experience.manager.bank
+            if self.hosts:  # one replicated copy in the checkpoint
+                tree["bank"] = self.hosts.to_global(tree["bank"])
         return tree
 
     def save(self, next_step: int) -> None:
@@ -404,7 +425,10 @@ class Trainer:
             log.warning("checkpoint step %d was unusable (%s); restored step %d instead", skipped, why, step)
         self.actor_state, self.extractor_state = tree["actor"], tree["extractor"]
         if self.experience is not None:
-            self.experience.manager.restore(tree["bank"], host["memory"])
+            bank = tree["bank"]
+            if self.hosts:
+                bank = self.hosts.to_local(bank, self.experience.manager.bank)
+            self.experience.manager.restore(bank, host["memory"])
             self.experience.stats.clear()
             self.experience.stats.update(host["memory_reasons"])
         self.buffer = RewardBuffer.from_json(host["buffer"])
@@ -461,7 +485,8 @@ class Trainer:
             extractor_room=cfg.extractor.cache_length - cfg.extractor.max_new_tokens,
             extractor_max_len=cfg.extractor.cache_length, seed=cfg.seed,
             digest_extra={"tasks": list(cfg.tasks), "actor": repr(cfg.actor),
-                          "extractor": repr(cfg.extractor_model), "tokenizer": self.tokenizer.vocab_size})
+                          "extractor": repr(cfg.extractor_model), "tokenizer": self.tokenizer.vocab_size},
+            extractor_mesh=self.extractor_mesh)
         actor_params, extractor_params, summary = run_warm_start(cfg.warm_start, inputs, self.workdir)
         self.actor_state = self.actor_state.replace(params=actor_params)
         if extractor_params is not None:

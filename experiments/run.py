@@ -6,7 +6,9 @@ any setting; `--workdir` chooses where checkpoints, logs and the report go. A ru
 the same workdir resumes from its newest valid checkpoint. A bad config is reported one line per
 problem, before any compute, with exit status 2.
 
-Multi-host: set CRL_JAX_DISTRIBUTED=1 (launch_tpu.sh does) to call jax.distributed.initialize().
+Multi-host: set CRL_JAX_DISTRIBUTED=1 (launch_tpu.sh does) to call jax.distributed.initialize()
+(see crl_jax/distributed.py; CRL_JAX_COORDINATOR, CRL_JAX_NUM_PROCESSES and CRL_JAX_PROCESS_ID
+name the coordinator where it is not discovered, e.g. CPU processes on one machine).
 """
 
 import os
@@ -47,10 +49,9 @@ def main(argv: list[str]) -> None:
         for problem in err.problems:
             print(f"config error: {problem}", file=sys.stderr)
         sys.exit(2)
-    if os.environ.get("CRL_JAX_DISTRIBUTED") == "1":
-        import jax
+    from crl_jax import distributed
 
-        jax.distributed.initialize()
+    distributed.initialize_from_env()
     from crl_jax import trainer
 
     trainer.main(cfg, workdir)

@@ -22,6 +22,7 @@ Legend: B queries, E embedding, A entries added in one call, D entry ids deleted
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import threading
 from collections.abc import Callable, Sequence
@@ -80,6 +81,7 @@ class MemoryManager:
         self.task_index = {t: i for i, t in enumerate(cfg.tasks)}
         self.reasons: collections.Counter[str] = collections.Counter()
         self.lock = threading.RLock()
+        self._deferred: list | None = None
 
     def _task(self, task: str) -> int:
         if task not in self.task_index:
@@ -113,9 +115,23 @@ class MemoryManager:
     def mark_shown(self, entry_ids: Sequence[int], step: int) -> None:
         """Count entries as shown to the actor (one count per rollout that saw it)."""
         ids = [int(i) for i in entry_ids if int(i) != NEVER]
+        if ids and self._deferred is not None:
+            self._deferred.append((ids, int(step)))
+            return
         if ids:
             with self.lock:
                 self.bank = self.fns.mark_retrieved(self.bank, _padded_ids(ids, _bucket(len(ids))), np.int32(step))
+
+    @contextlib.contextmanager
+    def deferred_marks(self):
+        """Within the block, `mark_shown` queues (ids, step) instead of writing; yields the queue.
+        A multi-host rollout replays every host's queue on every host afterwards, in one order."""
+        queue: list[tuple[list[int], int]] = []
+        self._deferred = queue
+        try:
+            yield queue
+        finally:
+            self._deferred = None
 
     def mark_trained(self, entry_ids: Sequence[int], step: int) -> None:
         ids = [int(i) for i in entry_ids if int(i) != NEVER]

@@ -71,10 +71,11 @@ class ActorLoop:
             entries: Sequence[Entry | None], seed: int, refine: RefineFn | None = None,
             tool_enabled: Sequence[bool] | None = None,
             first_observations: Sequence[tuple[str, dict] | None] | None = None,
-            guarded_call: GuardedCall | None = None) -> list[Trajectory]:
+            guarded_call: GuardedCall | None = None, first_row: int = 0) -> list[Trajectory]:
         """Run one episode per row to the end. `entries[b]` is injected into row b's system
         prompt; `tool_enabled[b]` allows search-and-ask on row b; `first_observations[b]`, when
-        given, is row b's reset result; env calls go through `guarded_call` (default: direct)."""
+        given, is row b's reset result; env calls go through `guarded_call` (default: direct).
+        `first_row` is the global index of row 0 (it keys the rows' sampling randomness)."""
         call = guarded_call or self.guarded_call
         n = len(specs)
         tool_enabled = tool_enabled or [False] * n
@@ -109,7 +110,7 @@ class ActorLoop:
             traj.append(encoded.ids, trained=False)
             new_tokens[b] = encoded.ids.tolist()
             turns_left[b] = self.cfg.max_turns or env.max_turns
-        conversations = self.sampler.new_conversations(n, seed=seed)
+        conversations = self.sampler.new_conversations(n, seed=seed, first_row=first_row)
         while any(active):
             for b in range(n):
                 if active[b] and len(trajectories[b].tokens) + spec.max_new_tokens > spec.cache_length:

@@ -33,10 +33,13 @@ PAD_OUTPUT = -1  # token id written past a row's end in the output buffer
 
 @struct.dataclass
 class SamplerState:
-    """What persists on device between calls: the KV cache and the random key."""
+    """What persists on device between calls: the KV cache, the random key, and each row's global
+    index. A row's tokens are drawn with keys folded from its global index, so an episode samples
+    the same tokens whether it runs in one batch or in a host's slice of it (multi-host rollouts)."""
 
     cache: models.KVCache
     rng: jax.Array
+    rows: jax.Array  # [B] int32
 
 
 @struct.dataclass
@@ -57,13 +60,14 @@ class SampleOutput:
 
 
 def init_state(cfg: models.DecoderConfig, batch_size: int, spec: SamplerSpec, seed: int | jax.Array = 0,
-               cache_dtype=None, mesh: Mesh | None = None) -> SamplerState:
-    """An empty state; with a mesh, the cache is born sharded (batch over data, heads over tensor)."""
+               cache_dtype=None, mesh: Mesh | None = None, first_row: int = 0) -> SamplerState:
+    """An empty state; with a mesh, the cache is born sharded (batch over data, heads over tensor).
+    Rows are numbered first_row, first_row + 1, ... (their global indices)."""
     rng = jax.random.key(seed) if isinstance(seed, int) else seed
 
     def make():
         return SamplerState(cache=models.init_cache(cfg, batch_size, spec.cache_length, cache_dtype),
-                            rng=rng)
+                            rng=rng, rows=jnp.arange(batch_size, dtype=jnp.int32) + first_row)
 
     if mesh is None:
         return make()
@@ -73,7 +77,8 @@ def init_state(cfg: models.DecoderConfig, batch_size: int, spec: SamplerSpec, se
 def state_shardings(mesh: Mesh, state: SamplerState) -> SamplerState:
     """NamedShardings for a (possibly abstract) state, from the cache's logical axes."""
     cache = sharding.tree_shardings(mesh, state.cache, models.CACHE_LOGICAL_AXES)
-    return SamplerState(cache=cache, rng=sharding.logical_sharding(mesh, None))
+    return SamplerState(cache=cache, rng=sharding.logical_sharding(mesh, None),
+                        rows=sharding.logical_sharding(mesh, ("batch",), state.rows.shape))
 
 
 def _head_logits(graphdef: nnx.GraphDef, params: nnx.State, hidden: jax.Array) -> jax.Array:
@@ -122,7 +127,8 @@ def generate(graphdef: nnx.GraphDef, params: nnx.State, state: SamplerState, tok
 
     def record(step, logits, done, reason, window, out_tokens, out_logprobs, out_processed):
         """Sample a token for every row; rows already done keep their outputs and state."""
-        token, logprob, processed = choose_tokens(jax.random.fold_in(call_rng, step), logits, spec)
+        token, logprob, processed = _choose_per_row(jax.random.fold_in(call_rng, step), state.rows,
+                                                    logits, spec)
         token = jnp.where(done, PAD_OUTPUT, token)
         out_tokens = jax.lax.dynamic_update_index_in_dim(out_tokens, token, step, axis=1)
         out_logprobs = jax.lax.dynamic_update_index_in_dim(
@@ -171,7 +177,14 @@ def generate(graphdef: nnx.GraphDef, params: nnx.State, state: SamplerState, tok
     reason = jnp.where(done, reason, stops.MAX_TOKENS)
     output = SampleOutput(tokens=out_tokens, logprobs=out_logprobs,
                           processed_logprobs=out_processed, lengths=lengths, finish_reason=reason)
-    return SamplerState(cache=cache, rng=rng), output
+    return SamplerState(cache=cache, rng=rng, rows=state.rows), output
+
+
+def _choose_per_row(step_rng: jax.Array, rows: jax.Array, logits: jax.Array, spec: SamplerSpec):
+    """`choose_tokens` with one key per row, folded from the row's global index [B]."""
+    keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(step_rng, rows)
+    token, logprob, processed = jax.vmap(lambda k, x: choose_tokens(k, x[None], spec))(keys, logits)
+    return token[:, 0], logprob[:, 0], processed[:, 0]
 
 
 @functools.lru_cache(maxsize=None)

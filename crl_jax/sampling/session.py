@@ -66,8 +66,9 @@ class Sampler:
         length = max(self.min_chunk, 1 << max(longest - 1, 0).bit_length())
         return min(length, self.spec.cache_length)
 
-    def new_conversations(self, batch_size: int, seed: int = 0) -> Conversations:
-        return Conversations(self, batch_size, seed)
+    def new_conversations(self, batch_size: int, seed: int = 0, first_row: int = 0) -> Conversations:
+        """`first_row`: the global index of row 0 (a host's slice of a larger batch)."""
+        return Conversations(self, batch_size, seed, first_row)
 
     def generate(self, params: nnx.State, prompts: Sequence[Sequence[int]], seed: int = 0) -> TurnResult:
         """One-shot generation for a batch of prompts (token-id lists of any lengths)."""
@@ -82,11 +83,11 @@ class Sampler:
 class Conversations:
     """A batch of conversations sharing one donated device state (see the module docstring)."""
 
-    def __init__(self, sampler: Sampler, batch_size: int, seed: int = 0):
+    def __init__(self, sampler: Sampler, batch_size: int, seed: int = 0, first_row: int = 0):
         self.sampler = sampler
         self.batch_size = batch_size
         self.state = engine.init_state(sampler.cfg, batch_size, sampler.spec, seed,
-                                       sampler.cache_dtype, sampler.mesh)
+                                       sampler.cache_dtype, sampler.mesh, first_row)
         self._history: list[list[int]] = [[] for _ in range(batch_size)]
         self._segments: list[list[int]] = [[] for _ in range(batch_size)]  # start index per segment
         self._cached = [0] * batch_size  # history tokens already written to the cache

@@ -51,6 +51,7 @@ class WarmStartInputs:
     extractor_max_len: int
     seed: int
     digest_extra: dict                   # run settings the cached result depends on
+    extractor_mesh: object = None        # the extractor's own mesh (disjoint roles); None = `mesh`
 
 
 def length_bucket(n: int, cap: int, granule: int = 256) -> int:
@@ -160,7 +161,8 @@ def run_warm_start(cfg: WarmStartConfig, inputs: WarmStartInputs, workdir: str):
         extractor_params, ext_summary = train_supervised(
             "extractor", inputs.extractor_state, examples, steps=cfg.extractor_steps,
             batch_size=cfg.batch_size, learning_rate=cfg.extractor_learning_rate,
-            max_len=inputs.extractor_max_len, mesh=inputs.mesh, seed=inputs.seed + 1, writer=writer,
+            max_len=inputs.extractor_max_len, mesh=inputs.extractor_mesh or inputs.mesh,
+            seed=inputs.seed + 1, writer=writer,
             step_offset=cfg.actor_steps)
         summary["extractor"] = {**ext_summary, **counts}
     writer.close()
