@@ -242,7 +242,7 @@ def collect(bench: Bench, command: str, returncode: int | None, stdout: str, std
     if timed_out:
         limit = bench.timeout_s if timeout_s is None else timeout_s
         result.update(status="timeout", error=f"timed out after {limit:.0f} s; last stderr "
-                                               f"line: {last_line(stderr)}")
+                                               f"line: {last_line(stderr) or '(none)'}")
         return result
     if returncode != 0:
         result.update(status="failed", error=last_line(stderr) or f"exit status {returncode}")
