@@ -41,8 +41,11 @@ def base_config() -> config_dict.ConfigDict:
     c.memory = dict(enabled=True, capacity=20_000, merge_every=5, merge_chunk=5, warmup_steps=2,
                     embedder="minilm", diversity_lambda=0.4, candidate_multiplier=16, recency_steps=1,
                     demote_probability=0.5)
+    # Distillation prompts longer than the cache lose the middle of the transcript (see
+    # rollout.extractor.prompt_ids); a lower temperature keeps the small extractor's operations
+    # well formed.
     c.extractor = dict(train=True, batch_size=16, cooldown_steps=1, weight_power=0.5, max_new_tokens=128,
-                       cache_length=1280, temperature=1.0, top_p=0.99)
+                       cache_length=896, temperature=0.7, top_p=0.99)
     c.rl = dict(train_actor=True, advantage_normalization="mean_std", advantage_split="subgroup",
                 clip_eps=0.2, cispo_eps=0.1, aggregation="seq_mean_token_mean", learning_rate=2e-4,
                 extractor_learning_rate=1e-4, weight_decay=0.0, max_grad_norm=1.0, micro_batches=1,
@@ -51,8 +54,8 @@ def base_config() -> config_dict.ConfigDict:
     # Tiny models start from random weights: behaviour cloning on scripted episodes (some with
     # random actions) and SFT of the extractor on scripted summaries come first.
     c.warm_start = dict(enabled=True, episodes=192, epsilons=(0.0, 0.25, 0.5), guided_fraction=0.5,
-                        search_fraction=0.2, actor_steps=64, extractor_steps=40, merge_examples=16,
-                        batch_size=4, learning_rate=3e-3, extractor_learning_rate=1e-2)
+                        search_fraction=0.2, actor_steps=64, extractor_steps=64, merge_examples=16,
+                        batch_size=4, learning_rate=3e-3, extractor_learning_rate=5e-3)
     c.checkpoint = dict(every=8, keep=3)
     return config_dict.ConfigDict(c)
 

@@ -95,7 +95,10 @@ def test_two_processes_equal_one_process(runs):
     for name in ("actor", "extractor"):
         assert one[name].keys() == first[name].keys()
         for key in one[name]:
-            np.testing.assert_allclose(first[name][key], one[name][key], rtol=1e-5, atol=1e-6,
+            # Gradients are summed in another order across processes; Adam (lr 1e-2 here)
+            # normalises near-zero gradients of rare embedding rows, which turns that rounding
+            # into differences of ~1e-5 on a handful of entries.
+            np.testing.assert_allclose(first[name][key], one[name][key], rtol=1e-5, atol=1e-4,
                                        err_msg=f"{name}{key}")
             np.testing.assert_array_equal(first[name][key], second[name][key])
     assert one["metrics"][1]["actor/grad_norm"] > 0  # a real update, not a no-op
