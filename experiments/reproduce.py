@@ -32,6 +32,7 @@ import argparse
 import collections
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -193,8 +194,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt  # a terminated grid also ends the training run it started
+
+
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         grid = plan(args.settings, args.methods, args.seeds, args.steps, args.out)
     except ConfigError as err:

@@ -4,6 +4,7 @@ after test_run_cli in the same session, whose compilations of the tiny run it re
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -17,8 +18,15 @@ TINY = os.path.join(ROOT, "tests", "trainer", "tiny_variants_config.py")
 def reproduce(out, cache, *extra):
     args = [sys.executable, REPRODUCE, f"--out={out}", f"--setting=tiny={TINY}",
             "--methods=baseline,crl", "--seeds=0", "--steps=1", *extra]
-    return subprocess.run(args, cwd=ROOT, env=subprocess_env(cache), capture_output=True, text=True,
-                          timeout=900)
+    # Its own process group, so a timeout also ends the training run it started.
+    process = subprocess.Popen(args, cwd=ROOT, env=subprocess_env(cache), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = process.communicate(timeout=1800)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        raise
+    return subprocess.CompletedProcess(args, process.returncode, out, err)
 
 
 def test_grid_runs_then_resumes_by_skipping_finished_runs(tmp_path, compile_cache):
