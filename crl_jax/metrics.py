@@ -29,6 +29,7 @@ from crl_jax.tensorboard_events import EventFileWriter
 
 # --- Metric keys. Episode-level keys are "<prefix>/<field>" and, per task, "<prefix>/<field>/<task>".
 SUCCESS, REWARD, ACTIONS, TOOL_CALLS, EPISODES = "success", "reward", "actions", "tool_calls", "episodes"
+SUCCESS_ACTIONS = "success_actions"      # actions of successful episodes only (the paper's efficiency)
 TRAIN = "train"                          # all K rollouts of the step's tasks
 TRAIN_WITH_EXP = "train/with_exp"        # the experience-guided half of each group
 TRAIN_WITHOUT_EXP = "train/without_exp"  # the experience-free half of each group

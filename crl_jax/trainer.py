@@ -519,7 +519,9 @@ def episode_metrics(trajectories, prefix: str) -> dict[str, float]:
 
 
 def episode_record(traj) -> dict:
-    return {"task": traj.spec.task, metrics_lib.SUCCESS: float(traj.success),
+    # A field present only in successful episodes is averaged over those (see aggregate_episodes).
+    extra = {metrics_lib.SUCCESS_ACTIONS: float(traj.actions)} if traj.success else {}
+    return {**extra, "task": traj.spec.task, metrics_lib.SUCCESS: float(traj.success),
             metrics_lib.REWARD: traj.reward, metrics_lib.ACTIONS: float(traj.actions),
             metrics_lib.TOOL_CALLS: float(traj.tool_calls),
             "invalid_actions": float(traj.invalid_actions),

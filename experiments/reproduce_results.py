@@ -170,7 +170,7 @@ def table_rows(runs: list[Run], tasks: tuple[str, ...], seeds: int,
         # A seed enters the average only if it evaluated every task, so no task is dropped silently.
         averages = [float(np.mean(vs)) for f in finals
                     if None not in (vs := [task_value(f, prefix, t, tasks) for t in tasks])]
-        actions = [f[m.key(prefix, m.ACTIONS)] for f in finals if m.key(prefix, m.ACTIONS) in f]
+        actions = [f[m.key(prefix, m.SUCCESS_ACTIONS)] for f in finals if m.key(prefix, m.SUCCESS_ACTIONS) in f]
         out.append({"method": method, "eval": prefix, "label": label, "per_task": per_task,
                     "avg": stats(averages, seeds), "actions": stats(actions, seeds)})
     return out
@@ -291,8 +291,8 @@ def summarise(runs: list[Run], seeds: int, out_dir: str) -> dict:
     return results
 
 
-ACTIONS_NOTE = ("Actions per episode at the final evaluation (over all its episodes, successful or "
-                "not: the metrics log holds no count over successful episodes alone):")
+ACTIONS_NOTE = ("Actions per successful episode at the final evaluation (`success_actions`; a run "
+                "with no success has none):")
 ROLLOUT_NOTE = ("Actor rollout seconds per step (`time/actor_rollout_s`; per run the median over the "
                 "steps after the first, which compiles; wall time, so only runs made on the same "
                 "machine under the same load compare):")
