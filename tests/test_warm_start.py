@@ -92,8 +92,8 @@ def test_extractor_targets_parse_as_bank_operations(demo_set, tokenizer):
     # A prompt cut to the budget keeps the instructions, the outcome and the generation prompt.
     long = max(demo_set, key=lambda d: len(d.messages))
     messages = prompts.distill_messages(long.facts.success, long.messages, [])
-    cut = tokenizer.decode(prompt_ids(tokenizer, messages, 500))
-    assert len(prompt_ids(tokenizer, messages, 500)) == 500
+    cut = tokenizer.decode(prompt_ids(tokenizer, messages, 700))
+    assert len(prompt_ids(tokenizer, messages, 700)) == 700
     assert prompts.DISTILL_SYSTEM[-40:] in cut and ("SUCCESS" if long.facts.success else "FAILURE") in cut
     assert cut.endswith("<|im_start|>assistant\n") and prompts.NO_MEMORIES in cut
     # Merge replies: duplicates collapse into items, a distinct chunk is kept as it is.
