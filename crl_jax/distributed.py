@@ -228,7 +228,9 @@ class Hosts:
             for _, host_marks, _ in hosts:  # replayed in process order: the banks stay identical
                 for ids, mark_step in host_marks:
                     experience.manager.mark_shown(ids, mark_step)
-            experience.stats["refinements"] = refinements_before + sum(n for _, _, n in hosts)
+            total = refinements_before + sum(n for _, _, n in hosts)
+            if total or "refinements" in experience.stats:  # no zero entry a 1-process run lacks
+                experience.stats["refinements"] = total
         return [t for host_trajs, _, _ in hosts for t in host_trajs], all_entries
 
 
