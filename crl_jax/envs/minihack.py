@@ -1,5 +1,10 @@
 """MiniHack behind the text protocol: the paper's four tasks (Room, MazeWalk, KeyRoom, River).
 
+Plus one variant of the paper's Room task, `room-ultimate-lit-5x5`: the same 5x5 room with a
+random start, goal, monster and hidden trap, but lit, so the goal is in view from the start. It is
+the CPU default because tiny models cannot learn the dark room's exploration in minutes (README,
+"The embedded default").
+
 Owns: building the NetHack Learning Environment for a task, seeding it so that a seed fixes the level
 and the whole game (core, display and level-generator RNGs, moon phase), rendering the 9x9 crop
 around the agent as text with a legend and the game message, and mapping action words
@@ -25,7 +30,20 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     import gymnasium as gym
     import minihack  # noqa: F401  (registers the MiniHack gym ids)
+    from minihack.envs.room import MiniHackRoom
     from nle import nethack
+
+
+class RoomUltimateLit5x5(MiniHackRoom):
+    """MiniHack-Room-Ultimate-5x5 with the lights on (MiniHack registers no such variant)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, size=5, random=True, lit=True, n_monster=1, n_trap=1, **kwargs)
+
+
+_LIT_ROOM_ID = "CrlJax-Room-Ultimate-Lit-5x5-v0"
+if _LIT_ROOM_ID not in gym.registry:
+    gym.register(id=_LIT_ROOM_ID, entry_point=f"{__name__}:RoomUltimateLit5x5")
 
 # task name -> (gym id, default max_turns, goal text). 30 turns is the paper's MiniHack budget; River
 # gets more because even the optimal push plan takes ~40 steps.
@@ -34,6 +52,12 @@ TASKS: dict[str, tuple[str, int, str]] = {
         "MiniHack-Room-Ultimate-5x5-v0",
         30,
         "Reach the staircase down (>) in a dark 5x5 room. The room also holds a monster and a "
+        "hidden teleport trap.",
+    ),
+    "room-ultimate-lit-5x5": (
+        _LIT_ROOM_ID,
+        30,
+        "Reach the staircase down (>) in a lit 5x5 room. The room also holds a monster and a "
         "hidden teleport trap.",
     ),
     "mazewalk-9x9": (
@@ -82,11 +106,43 @@ _SYMBOLS = (
     ("|", "wall or open door"), ("-", "wall or open door"), ("+", "closed door"), ("(", "item"),
     ("`", "boulder"), ("}", "water"), ("^", "trap"), ("#", "corridor"),
 )
+# Map symbols named, with their offset from the agent, in each observation's "You see" line (the
+# text counterpart of the screen descriptions the paper's environment passes along).
+_NOTABLE = ((">", "staircase down"), ("<", "staircase up"), ("(", "item"), ("+", "door"),
+            ("`", "boulder"), ("^", "trap"))
 _OBS_KEYS = ("glyphs", "chars", "chars_crop", "message", "blstats", "inv_strs")
 
 
 def _decode(row: np.ndarray) -> str:
     return bytes(row).decode("latin-1").rstrip("\x00")
+
+
+def _offset_words(dx: int, dy: int) -> str:
+    parts = []
+    if dy:
+        parts.append(f"{abs(dy)} {'south' if dy > 0 else 'north'}")
+    if dx:
+        parts.append(f"{abs(dx)} {'east' if dx > 0 else 'west'}")
+    return " ".join(parts)
+
+
+def describe_surroundings(rows: list[str]) -> str:
+    """Each notable thing on the crop with its offset from the agent, the goal (>) first, then
+    nearest first, e.g. "staircase down (>) 2 south 1 east; monster (j) 1 north"."""
+    agent = next(((r.index("@"), y) for y, r in enumerate(rows) if "@" in r), None)
+    if agent is None:
+        return "nothing (you are not on the map)"
+    names = dict(_NOTABLE)
+    found = []
+    for y, row in enumerate(rows):
+        for x, char in enumerate(row):
+            name = names.get(char) or ("monster" if char.isalpha() else None)
+            if name is not None:
+                dx, dy = x - agent[0], y - agent[1]
+                # The goal comes first, so it always sits at the same place in the line.
+                rank = (char != ">", max(abs(dx), abs(dy)))
+                found.append((rank, f"{name} ({char}) {_offset_words(dx, dy)}"))
+    return "; ".join(text for _, text in sorted(found)) or "nothing special"
 
 
 class MiniHackEnv(TextEnv):
@@ -126,8 +182,9 @@ class MiniHackEnv(TextEnv):
     def _system_prompt(self) -> str:
         actions = ", ".join(self._actions)
         return (
-            "You play a small NetHack (MiniHack) task. Each turn you see the game message and the "
-            "9x9 map around you (you are at the centre, @). Moving into a monster attacks it. "
+            "You play a small NetHack (MiniHack) task. Each turn you see the game message, what is "
+            "in view with its offset from you (e.g. 2 south 1 east), and the 9x9 map around you "
+            "(you are at the centre, @). Moving into a monster attacks it. "
             "Diagonal moves are allowed except through doorways. Boulders move when you walk into "
             "them if the square behind is free.\n"
             f"Task: {self.goal_text}\n"
@@ -150,7 +207,8 @@ class MiniHackEnv(TextEnv):
         legend = [f"{sym} {what}" for sym, what in _SYMBOLS if sym in present]
         if any(c.isalpha() for c in present):
             legend.append("letters monsters")
-        return f"Message: {message}\nMap around you:\n{crop}\nLegend: {'; '.join(legend)}"
+        return (f"Message: {message}\nYou see: {describe_surroundings(rows)}\nMap around you:\n{crop}\n"
+                f"Legend: {'; '.join(legend)}")
 
     @property
     def player_xy(self) -> tuple[int, int]:

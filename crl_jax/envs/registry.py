@@ -13,6 +13,8 @@ from crl_jax.envs.base import TextEnv
 # name -> ("module path", "factory name", default kwargs)
 _REGISTRY: dict[str, tuple[str, str, dict]] = {
     "minihack/room-ultimate-5x5": ("crl_jax.envs.minihack", "MiniHackEnv", {"task": "room-ultimate-5x5"}),
+    "minihack/room-ultimate-lit-5x5": ("crl_jax.envs.minihack", "MiniHackEnv",
+                                       {"task": "room-ultimate-lit-5x5"}),
     "minihack/mazewalk-9x9": ("crl_jax.envs.minihack", "MiniHackEnv", {"task": "mazewalk-9x9"}),
     "minihack/keyroom-dark-s5": ("crl_jax.envs.minihack", "MiniHackEnv", {"task": "keyroom-dark-s5"}),
     "minihack/river-narrow": ("crl_jax.envs.minihack", "MiniHackEnv", {"task": "river-narrow"}),

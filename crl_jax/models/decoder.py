@@ -129,9 +129,9 @@ class Decoder(nnx.Module):
             raise ValueError(f"positions shape {positions.shape} != tokens shape {tokens.shape}")
 
         if cache is None:
-            # Slot s of the chunk is visible to query t when s <= t and s is not padding.
-            slot = jnp.arange(time)
-            attn_mask = mask[:, None, :] & (slot[None, :, None] >= slot[None, None, :])
+            # Slot s of the sequence is visible to query t when s <= t and s is not padding
+            # (layers.causal_attention builds that mask block by block).
+            attn_mask = mask
             write_slots = None
         else:
             if cache.valid.shape[0] != batch:
@@ -156,6 +156,14 @@ class Decoder(nnx.Module):
         last_real = jnp.max(jnp.where(mask, jnp.arange(time)[None, :] + 1, 0), axis=1)
         new_cache = KVCache(k=new_kv[0], v=new_kv[1], valid=valid, end=cache.end + last_real)
         return out, new_cache
+
+
+def _unroll(cfg) -> int:
+    """Scan unrolling for the no-cache path. Shallow models are unrolled: their compile time stays
+    small, and XLA on CPU then skips the stacked-residual copies of the scan's backward pass
+    (a 4-layer 1M-parameter update at [16, 768] goes from ~5.6 s to ~3.5 s). Deep models keep
+    the rolled scan so compile time does not grow with depth."""
+    return cfg.num_layers if cfg.num_layers <= 4 else 1
 
 
 def _run_layers(cfg, stacked: DecoderLayers, x, positions, attn_mask, cache, write_slots):
@@ -195,13 +203,13 @@ def _run_layers(cfg, stacked: DecoderLayers, x, positions, attn_mask, cache, wri
         def block(x, w):
             w = cast(w)
             q, k, v = project(x, w)
-            attn = layers.grouped_attention(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3),
-                                            attn_mask)
+            attn = layers.causal_attention(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3),
+                                           attn_mask)
             return finish(x, w, attn), None
 
         if cfg.remat != "none":
             block = jax.checkpoint(block, policy=_REMAT_POLICIES[cfg.remat])
-        x, _ = jax.lax.scan(block, x, weights)
+        x, _ = jax.lax.scan(block, x, weights, unroll=_unroll(cfg))
         return x, None
 
     # The stacked caches travel in the scan carry and the new keys/values are scattered straight

@@ -83,14 +83,37 @@ def grouped_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array)
     """Grouped-query attention. q [B,T,N,H], k/v [B,K,S,H], mask [B,T,S] bool -> [B,T,N,H].
 
     Keys and values are kv-head-major, the KV cache's layout, so (b, k) are plain batch
-    dimensions of both products and the cache is never transposed.
+    dimensions of both products and the cache is never transposed. The queries are moved to the
+    same head-major layout (and the output back) outside the products: XLA's CPU dots are 2-8x
+    slower when the time axis sits between batch dimensions, and these transposes are small.
     """
     b, t, n, h = q.shape
     kv_heads = k.shape[1]
-    q = q.reshape(b, t, kv_heads, n // kv_heads, h)
-    scores = jnp.einsum("btkgh,bksh->bkgts", q, k, preferred_element_type=jnp.float32)
+    q = q.reshape(b, t, kv_heads, n // kv_heads, h).transpose(0, 2, 3, 1, 4)
+    scores = jnp.einsum("bkgth,bksh->bkgts", q, k, preferred_element_type=jnp.float32)
     scores = scores * (1.0 / math.sqrt(h))
     scores = jnp.where(mask[:, None, None, :, :], scores, MASK_VALUE)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgts,bksh->btkgh", probs, v, preferred_element_type=jnp.float32)
-    return out.reshape(b, t, n, h).astype(q.dtype)
+    out = jnp.einsum("bkgts,bksh->bkgth", probs, v, preferred_element_type=jnp.float32)
+    return out.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h).astype(q.dtype)
+
+
+def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array,
+                     max_blocks: int = 8, min_block: int = 128) -> jax.Array:
+    """Causal grouped-query attention over one whole sequence (no cache).
+
+    q [B,T,N,H], k/v [B,K,T,H], key_mask [B,T] bool (False for padding) -> [B,T,N,H]; query t sees
+    keys s <= t that are not padding. The queries are cut into at most `max_blocks` blocks and each
+    block is scored only against the keys up to its end, so the masked upper triangle is mostly
+    never computed: about 1.8x faster forward and backward at T=768 on a CPU, and equal to
+    `grouped_attention` with the full causal mask (keys past the block end would get weight 0).
+    """
+    t = q.shape[1]
+    block = max(min_block, -(-t // max_blocks))
+    outputs = []
+    for start in range(0, t, block):
+        end = min(start + block, t)
+        mask = key_mask[:, None, :end] & (jnp.arange(start, end)[:, None] >= jnp.arange(end)[None, :])
+        outputs.append(grouped_attention(q[:, start:end], k[:, :, :end], v[:, :, :end], mask))
+    return outputs[0] if len(outputs) == 1 else jnp.concatenate(outputs, axis=1)
+
