@@ -291,6 +291,7 @@ class Trainer:
                                        metrics_lib.TRAIN_WITH_EXP))
         metrics.update(episode_metrics([t for t in trajectories if not t.spec.guided],
                                        metrics_lib.TRAIN_WITHOUT_EXP))
+        self.last_samples = sample_episodes(trajectories)
         metrics[metrics_lib.TOOL_CALL_RATE] = float(np.mean(
             [t.tool_calls for t in trajectories if t.spec.guided] or [0.0]))
 
@@ -459,6 +460,9 @@ class Trainer:
             if step + 1 == cfg.steps:
                 metrics.update(self.evaluate(step))
             writer.write(step, metrics)
+            if jax.process_index() == 0:
+                with open(os.path.join(self.workdir, "samples.jsonl"), "a") as f:
+                    f.write(json.dumps({"step": step, "episodes": self.last_samples}) + "\n")
             progress.update(step + 1, metrics)
             last = metrics
             if (step + 1) % cfg.checkpoint.every == 0 or step + 1 == cfg.steps:
@@ -516,6 +520,18 @@ class Trainer:
 def episode_metrics(trajectories, prefix: str) -> dict[str, float]:
     """Success, reward, actions and tool use, overall and per task (see crl_jax.metrics)."""
     return metrics_lib.aggregate_episodes([episode_record(t) for t in trajectories], prefix)
+
+
+def sample_episodes(trajectories, per_kind: int = 1) -> list[dict]:
+    """The first experience-free and the first experience-guided episode of a step as text (the
+    actor's turns and the final outcome), for `WORKDIR/samples.jsonl`: what the actor actually
+    writes, which the curves do not show."""
+    picked = ([t for t in trajectories if not t.spec.guided][:per_kind]
+              + [t for t in trajectories if t.spec.guided][:per_kind])
+    return [{"task": t.spec.task, "seed": t.spec.seed, "guided": t.spec.guided, "entry_id": t.entry_id,
+             "success": t.success, "end": t.end_reason,
+             "actor": [m["content"] for m in t.messages if m["role"] == "assistant"]}
+            for t in picked]
 
 
 def episode_record(traj) -> dict:

@@ -118,17 +118,19 @@ def _decode(row: np.ndarray) -> str:
 
 
 def _offset_words(dx: int, dy: int) -> str:
-    parts = []
-    if dy:
-        parts.append(f"{abs(dy)} {'south' if dy > 0 else 'north'}")
-    if dx:
-        parts.append(f"{abs(dx)} {'east' if dx > 0 else 'west'}")
-    return " ".join(parts)
+    """ "2 south 1 east (southeast)": the offset in squares, then the compass direction."""
+    vertical = "south" if dy > 0 else "north" if dy < 0 else ""
+    horizontal = "east" if dx > 0 else "west" if dx < 0 else ""
+    parts = [f"{abs(d)} {word}" for d, word in ((dy, vertical), (dx, horizontal)) if d]
+    return f"{' '.join(parts)} ({vertical}{horizontal})" if parts else "here"
 
 
 def describe_surroundings(rows: list[str]) -> str:
-    """Each notable thing on the crop with its offset from the agent, the goal (>) first, then
-    nearest first, e.g. "staircase down (>) 2 south 1 east; monster (j) 1 north"."""
+    """Each notable thing on the crop with its offset and direction from the agent, nearest
+    first and the goal (>) last, e.g. "monster (j) 1 north (north); staircase down (>) 2 south
+    1 east (southeast)". The goal's direction is then always the observation's last word, right
+    before the agent's reply, where even a tiny model finds it; in parentheses, a word-level
+    tokenizer gives it the same token as the action word in "<answer>southeast</answer>"."""
     agent = next(((r.index("@"), y) for y, r in enumerate(rows) if "@" in r), None)
     if agent is None:
         return "nothing (you are not on the map)"
@@ -139,8 +141,7 @@ def describe_surroundings(rows: list[str]) -> str:
             name = names.get(char) or ("monster" if char.isalpha() else None)
             if name is not None:
                 dx, dy = x - agent[0], y - agent[1]
-                # The goal comes first, so it always sits at the same place in the line.
-                rank = (char != ">", max(abs(dx), abs(dy)))
+                rank = (char == ">", max(abs(dx), abs(dy)))
                 found.append((rank, f"{name} ({char}) {_offset_words(dx, dy)}"))
     return "; ".join(text for _, text in sorted(found)) or "nothing special"
 
@@ -182,9 +183,9 @@ class MiniHackEnv(TextEnv):
     def _system_prompt(self) -> str:
         actions = ", ".join(self._actions)
         return (
-            "You play a small NetHack (MiniHack) task. Each turn you see the game message, what is "
-            "in view with its offset from you (e.g. 2 south 1 east), and the 9x9 map around you "
-            "(you are at the centre, @). Moving into a monster attacks it. "
+            "You play a small NetHack (MiniHack) task. Each turn you see the game message, the 9x9 "
+            "map around you (you are at the centre, @) and what is in view with its offset and "
+            "direction from you (e.g. 2 south 1 east (southeast)). Moving into a monster attacks it. "
             "Diagonal moves are allowed except through doorways. Boulders move when you walk into "
             "them if the square behind is free.\n"
             f"Task: {self.goal_text}\n"
@@ -207,8 +208,9 @@ class MiniHackEnv(TextEnv):
         legend = [f"{sym} {what}" for sym, what in _SYMBOLS if sym in present]
         if any(c.isalpha() for c in present):
             legend.append("letters monsters")
-        return (f"Message: {message}\nYou see: {describe_surroundings(rows)}\nMap around you:\n{crop}\n"
-                f"Legend: {'; '.join(legend)}")
+        # "You see" comes last, right before the agent's reply, where small models attend best.
+        return (f"Message: {message}\nMap around you:\n{crop}\nLegend: {'; '.join(legend)}\n"
+                f"You see: {describe_surroundings(rows)}")
 
     @property
     def player_xy(self) -> tuple[int, int]:

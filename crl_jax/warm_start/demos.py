@@ -86,8 +86,13 @@ def play_demo(env, task: str, seed: int, epsilon: float, rng: np.random.Generato
 def collect_demos(tasks: Sequence[dict], *, max_turns: int, epsilons: Sequence[float],
                   guided_fraction: float, search_fraction: float, tools: bool, seed: int,
                   progress=None) -> list[Demo]:
-    """One demo per task spec ({"env", "seed"}), epsilons cycling over the demos. Guided demos
-    carry one of their family's lessons (drawn at random) in the system prompt."""
+    """One demo per task spec ({"env", "seed"}), epsilons cycling over the demos.
+
+    Guided demos carry one of their family's lessons in the system prompt: half of them the
+    expert's own lesson, played without random actions (the agent follows the advice, so the
+    tiny actor learns to act on a useful entry as an instruction-tuned LLM would), the rest a
+    lesson drawn at random, played with the usual epsilon.
+    """
     pool: dict[str, object] = {}
     out = []
     try:
@@ -97,8 +102,13 @@ def collect_demos(tasks: Sequence[dict], *, max_turns: int, epsilons: Sequence[f
             env = pool.get(name) or pool.setdefault(name, envs.make(name))
             guided = rng.random() < guided_fraction
             options = lessons.all_lessons(name)
-            entry = options[int(rng.integers(len(options)))] if guided else None
-            out.append(play_demo(env, name, int(task["seed"]), float(epsilons[i % len(epsilons)]), rng,
+            entry = None
+            if guided:
+                entry = (lessons.expert_lesson(name) if rng.random() < 0.5
+                         else options[int(rng.integers(len(options)))])
+            followed = entry is not None and entry == lessons.expert_lesson(name)
+            epsilon = 0.0 if followed else float(epsilons[i % len(epsilons)])
+            out.append(play_demo(env, name, int(task["seed"]), epsilon, rng,
                                  max_turns=max_turns, entry=entry, tools=tools and guided,
                                  search=guided and rng.random() < search_fraction))
             if progress is not None:

@@ -23,9 +23,9 @@ from collections.abc import Sequence
 _LESSONS: dict[str, dict[str, tuple[str, str]]] = {
     "minihack": {
         "fast": ("go straight for the stairs",
-                 "When the staircase > is on the map, move straight toward it; diagonal moves "
-                 "cover two directions in one turn. Do not stop to explore once the goal is in "
-                 "view."),
+                 "When the You see line shows the staircase, move in the direction it names last, "
+                 "such as southeast, every turn until you stand on it. Diagonal moves cover two "
+                 "directions in one turn. Do not explore once the goal is in view."),
         "slow": ("explore a dark room systematically",
                  "In a dark room you only see the squares next to you. First move diagonally "
                  "toward the middle of the room to uncover more floor, then follow the walls. If "
@@ -123,9 +123,6 @@ QUESTION = ("I have not reached the goal yet and I do not know where to go next.
 
 _GUIDANCE_OPENING = "Apply this now: "
 
-_MERGE_JOIN = " Also: "
-
-
 def family(task: str) -> str:
     """The lesson family of a task name such as "minihack/room-ultimate-5x5"."""
     head = task.split("/", 1)[0]
@@ -160,22 +157,17 @@ def distill_reply(facts: EpisodeFacts, retrieved: Sequence[tuple[str, str]]) -> 
     """The distillation reply for an episode given the (title, content) entries it was shown.
 
     A lesson already shown is kept (return()); a different one is added; when the episode
-    failed with a retrieved lesson that differs from the new one, that entry is updated to carry
-    both, so the bank keeps one entry per underlying principle.
+    failed with a retrieved lesson that differs from the new one, that entry did not help and is
+    updated to the new lesson. (Updates replace rather than concatenate, so every reply fits in
+    the tiny extractor's generation budget.)
     """
     title, content = lesson(facts)
     think = f"<think>{_THINK[situation(facts)]}</think>"
     if any(content == c for _, c in retrieved):
         return f"{think}<answer>return()</answer>"
     if retrieved and not facts.success:
-        old_title, old_content = retrieved[0]
-        merged = merge_contents(old_content, content)
-        return f"{think}<answer>update([1], <title>{old_title}</title><content>{merged}</content>)</answer>"
+        return f"{think}<answer>update([1], <title>{title}</title><content>{content}</content>)</answer>"
     return f"{think}<answer>add(<title>{title}</title><content>{content}</content>)</answer>"
-
-
-def merge_contents(first: str, second: str) -> str:
-    return first if second in first else first + _MERGE_JOIN + second
 
 
 def merge_reply(entries: Sequence[tuple[str, str]]) -> str:
@@ -200,8 +192,14 @@ def all_lessons(task: str) -> list[tuple[str, str]]:
     return list(_LESSONS[family(task)].values())
 
 
+def expert_lesson(task: str) -> tuple[str, str]:
+    """The lesson that describes what the scripted expert does (its "fast" lesson): demos that
+    carry it are played without random actions, the way an instruction-tuned actor follows advice."""
+    return _LESSONS[family(task)]["fast"]
+
+
 def vocabulary_texts() -> list[str]:
-    texts = [QUESTION, _GUIDANCE_OPENING, _MERGE_JOIN, *_THINK.values(),
+    texts = [QUESTION, _GUIDANCE_OPENING, *_THINK.values(),
              "<think></think><answer>return()</answer> update([1], add(<title></title><content></content>)"]
     for lessons in _LESSONS.values():
         for title, content in lessons.values():

@@ -58,8 +58,9 @@ def test_observation_prompt_and_invalid_actions(envs):
     observation, info = env.reset(0)
     assert observation.startswith("Message:") and "@" in observation
     crop = observation.split("Map around you:\n", 1)[1].splitlines()
-    assert crop[-1].startswith("Legend: ") and "@ you" in crop[-1]
-    crop = crop[:-1]
+    assert crop[-2].startswith("Legend: ") and "@ you" in crop[-2]
+    assert crop[-1].startswith("You see: ")
+    crop = crop[:-2]
     assert len(crop) == 9 and all(len(row) == 9 for row in crop) and crop[4][4] == "@"
     assert "pick up" in env.valid_actions() and "apply" in env.valid_actions()
     for word in ("<answer>", "Legend", "northeast", "pick up"):
@@ -113,3 +114,17 @@ def test_threaded_batch_replays_serial_games():
         observations, _, _ = _play(serial, expert_for(serial), seed)
         serial.close()
         assert observations == [step["observation"] for step in rec.transcript]
+
+
+def test_you_see_line_gives_offsets_goal_last():
+    from crl_jax.envs.minihack import describe_surroundings
+
+    rows = ["         "] * 9
+    rows = [r for r in rows]
+    rows[2] = "  F      "     # monster 2 west 2 north of the agent at (4, 4)
+    rows[4] = "    @    "
+    rows[7] = "       > "     # goal 3 east 3 south
+    assert describe_surroundings(rows) == ("monster (F) 2 north 2 west (northwest); "
+                                          "staircase down (>) 3 south 3 east (southeast)")
+    assert describe_surroundings(["    @    "]) == "nothing special"
+

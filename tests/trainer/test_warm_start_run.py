@@ -35,6 +35,11 @@ def test_warm_start_runs_before_rl_and_is_reported(make_config, tmp_path):
         curve = [json.loads(line) for line in f]
     assert [r["step"] for r in curve] == list(range(8))         # 6 actor + 2 extractor updates
     assert curve[5]["actor/loss"] < curve[0]["actor/loss"]
+    # One line of sample episodes per step: an experience-free and a guided one, as text.
+    samples = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in samples] == [0, 1]
+    assert [e["guided"] for e in samples[0]["episodes"]] == [False, True]
+    assert all(e["actor"] and e["task"] == "test/corridor" for e in samples[0]["episodes"])
     report = (tmp_path / "report.md").read_text()
     for section in ("## Test split before and after RL", "## Experience bank", "## Warm start"):
         assert section in report, section
