@@ -3,7 +3,7 @@
 Plus one variant of the paper's Room task, `room-ultimate-lit-5x5`: the same 5x5 room with a
 random start, goal, monster and hidden trap, but lit, so the goal is in view from the start. It is
 the CPU default because tiny models cannot learn the dark room's exploration in minutes (README,
-"The embedded default").
+"The default run").
 
 Owns: building the NetHack Learning Environment for a task, seeding it so that a seed fixes the level
 and the whole game (core, display and level-generator RNGs, moon phase), rendering the 9x9 crop
@@ -185,7 +185,8 @@ class MiniHackEnv(TextEnv):
         return (
             "You play a small NetHack (MiniHack) task. Each turn you see the game message, the 9x9 "
             "map around you (you are at the centre, @) and what is in view with its offset and "
-            "direction from you (e.g. 2 south 1 east (southeast)). Moving into a monster attacks it. "
+            "direction from you (e.g. 2 south 1 east (southeast)). Moving into a monster attacks "
+            "it. "
             "Diagonal moves are allowed except through doorways. Boulders move when you walk into "
             "them if the square behind is free.\n"
             f"Task: {self.goal_text}\n"
