@@ -39,7 +39,7 @@ def base_config() -> config_dict.ConfigDict:
     c.actor = dict(preset="micro", path="", dtype="float32", param_dtype="float32", remat="none")
     c.extractor_model = dict(preset="nano", path="", dtype="float32", param_dtype="float32", remat="none")
     c.rollout = dict(groups_per_step=4, group_size=8, free_per_group=4, max_turns=5, max_new_tokens=24,
-                     cache_length=1024, temperature=0.99, top_p=0.99, top_k=100, search_and_ask=True,
+                     cache_length=1280, temperature=0.99, top_p=0.99, top_k=100, search_and_ask=True,
                      max_tool_uses=2, step_timeout_s=30.0)
     c.memory = dict(enabled=True, capacity=20_000, merge_every=5, merge_chunk=5, warmup_steps=2,
                     embedder="minilm", diversity_lambda=0.4, candidate_multiplier=16, recency_steps=1,
@@ -50,9 +50,9 @@ def base_config() -> config_dict.ConfigDict:
     c.extractor = dict(train=True, batch_size=16, cooldown_steps=1, weight_power=0.5, max_new_tokens=128,
                        cache_length=896, temperature=0.7, top_p=0.99)
     c.rl = dict(train_actor=True, advantage_normalization="mean_std", advantage_split="subgroup",
-                clip_eps=0.2, cispo_eps=0.1, aggregation="seq_mean_token_mean", learning_rate=3e-4,
+                clip_eps=0.2, cispo_eps=0.1, aggregation="seq_mean_token_mean", learning_rate=1e-4,
                 extractor_learning_rate=1e-4, weight_decay=0.0, max_grad_norm=1.0, micro_batches=1,
-                old_logprobs="sampler", max_seq_len=1024)
+                old_logprobs="sampler", max_seq_len=1280)
     c.eval = dict(every=10, tasks_per_env=24, at_start=True, with_experience=True, without_experience=True)
     # Tiny models start from random weights: behaviour cloning on scripted episodes (some with
     # random actions) and SFT of the extractor on scripted summaries come first.
