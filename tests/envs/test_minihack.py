@@ -120,7 +120,6 @@ def test_you_see_line_gives_offsets_goal_last():
     from crl_jax.envs.minihack import describe_surroundings
 
     rows = ["         "] * 9
-    rows = [r for r in rows]
     rows[2] = "  F      "     # monster 2 west 2 north of the agent at (4, 4)
     rows[4] = "    @    "
     rows[7] = "       > "     # goal 3 east 3 south
