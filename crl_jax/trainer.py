@@ -445,6 +445,9 @@ class Trainer:
         start = self.restore()
         writer = metrics_lib.MetricsWriter(self.workdir)
         writer.resume_from(start - 1) if start > 0 else writer.resume_from(-1)
+        samples_path = os.path.join(self.workdir, "samples.jsonl")
+        if jax.process_index() == 0:
+            keep_samples_before(samples_path, start)
         progress = metrics_lib.Progress(cfg.steps, keys=(metrics_lib.TRAIN_SUCCESS, metrics_lib.BANK_SIZE,
                                                          metrics_lib.TIME_STEP), every=cfg.log_every)
         last: dict = {}
@@ -461,7 +464,7 @@ class Trainer:
                 metrics.update(self.evaluate(step))
             writer.write(step, metrics)
             if jax.process_index() == 0:
-                with open(os.path.join(self.workdir, "samples.jsonl"), "a") as f:
+                with open(samples_path, "a") as f:
                     f.write(json.dumps({"step": step, "episodes": self.last_samples}) + "\n")
             progress.update(step + 1, metrics)
             last = metrics
@@ -532,6 +535,23 @@ def sample_episodes(trajectories, per_kind: int = 1) -> list[dict]:
              "success": t.success, "end": t.end_reason,
              "actor": [m["content"] for m in t.messages if m["role"] == "assistant"]}
             for t in picked]
+
+
+def keep_samples_before(path: str, step: int) -> None:
+    """Drop the sample lines of steps >= `step` (a resumed run replays them) and any line torn by
+    a crash, so samples.jsonl holds each step once."""
+    if not os.path.exists(path):
+        return
+    kept = []
+    with open(path) as f:
+        for line in f:
+            try:
+                if json.loads(line)["step"] < step:
+                    kept.append(line)
+            except (ValueError, KeyError, TypeError):
+                continue
+    with open(path, "w") as f:
+        f.writelines(kept)
 
 
 def episode_record(traj) -> dict:

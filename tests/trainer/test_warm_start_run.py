@@ -44,6 +44,12 @@ def test_warm_start_runs_before_rl_and_is_reported(make_config, tmp_path):
     for section in ("## Test split before and after RL", "## Experience bank", "## Warm start"):
         assert section in report, section
 
+    # A resumed run drops the sample lines of the steps it replays, and any torn line.
+    with open(tmp_path / "samples.jsonl", "a") as f:
+        f.write('{"step": 1, "epis')
+    trainer_lib.keep_samples_before(str(tmp_path / "samples.jsonl"), 1)
+    assert [json.loads(line)["step"] for line in (tmp_path / "samples.jsonl").read_text().splitlines()] == [0]
+
     # Another start of the same run reuses the cached warm start.
     again = trainer_lib.Trainer(cfg, str(tmp_path))
     summary = again.warm_start()
