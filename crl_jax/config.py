@@ -106,7 +106,12 @@ class WarmStartConfig:
     epsilons: tuple[float, ...] = (0.0, 0.25, 0.5)  # random-action rates, cycled over the episodes
     guided_fraction: float = 0.5   # episodes with a lesson in the system prompt
     search_fraction: float = 0.2   # guided episodes that open with a search-and-ask call
-    actor_steps: int = 200
+    actor_steps: int = 200         # behaviour-cloning steps on whole episodes
+    # A first cloning phase on windows: the last `actor_window` tokens before each action, that
+    # action alone trained (0 = no such phase). See warm_start.demos.action_windows.
+    actor_window: int = 0
+    window_steps: int = 0
+    window_batch_size: int = 32
     extractor_steps: int = 100
     merge_examples: int = 32
     batch_size: int = 16
@@ -285,6 +290,12 @@ def _cross_checks(cfg: RunConfig) -> list[str]:
             problems.append(f"warm_start.{name}: must be in [0, 1]; got {getattr(w, name)}")
     if not w.epsilons or any(not 0 <= e <= 1 for e in w.epsilons):
         problems.append(f"warm_start.epsilons: one or more values in [0, 1]; got {w.epsilons}")
+    for name in ("actor_window", "window_steps", "window_batch_size", "actor_steps", "extractor_steps"):
+        if getattr(w, name) < 0:
+            problems.append(f"warm_start.{name}: must be >= 0; got {getattr(w, name)}")
+    if w.window_steps > 0 and not (w.actor_window > 0 and w.window_batch_size > 0):
+        problems.append("warm_start.window_steps > 0 needs actor_window > 0 and window_batch_size > 0; "
+                        f"got actor_window={w.actor_window}, window_batch_size={w.window_batch_size}")
     for name in ("learning_rate", "extractor_learning_rate"):
         if w.enabled and not getattr(w, name) > 0:
             problems.append(f"warm_start.{name}: must be > 0; got {getattr(w, name)}")

@@ -233,6 +233,9 @@ def _warm_start_section(rows: list[dict]) -> list[str]:
         return []
     lines = [f"- scripted demonstrations: success {_fmt(first.get('warm_start/demo_success', 0.0))}",
              f"- actor behaviour-cloning loss at the end: {_fmt(first['warm_start/actor_loss'])}"]
+    if first.get("warm_start/actor_window_loss") is not None:
+        lines.append("- actor behaviour-cloning loss on action windows, end of that phase: "
+                     f"{_fmt(first['warm_start/actor_window_loss'])}")
     if first.get("warm_start/extractor_loss") is not None:
         lines.append(f"- extractor SFT loss at the end: {_fmt(first['warm_start/extractor_loss'])}")
     lines.append(f"- wall time: {_fmt(first.get('warm_start/time_s', 0.0))} s (curves: "

@@ -509,6 +509,8 @@ class Trainer:
             out.update({"warm_start/actor_loss": summary["actor"]["loss_last"] or 0.0,
                         "warm_start/demo_success": summary["demos"]["success"],
                         "warm_start/time_s": summary.get("time_s", 0.0)})
+            if "actor_window" in summary:
+                out["warm_start/actor_window_loss"] = summary["actor_window"]["loss_last"] or 0.0
             if "extractor" in summary:
                 out["warm_start/extractor_loss"] = summary["extractor"]["loss_last"] or 0.0
         if self.cfg.eval.at_start:

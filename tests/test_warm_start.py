@@ -117,6 +117,31 @@ def test_length_bucket():
     assert [length_bucket(n, 1024) for n in (1, 256, 257, 600, 5000)] == [256, 256, 512, 768, 1024]
 
 
+def test_action_windows_cut_one_example_per_action():
+    ids = np.arange(20, dtype=np.int32)
+    mask = np.zeros(20, bool)
+    mask[[3, 4, 9, 10, 11, 18, 19]] = True         # three actions (spans)
+    windows = demos.action_windows([(ids, mask)], window=5)
+    assert len(windows) == 3
+    for (w_ids, w_mask), (start, end) in zip(windows, [(3, 5), (9, 12), (18, 20)]):
+        # Each window ends with its action, holds at most `window` tokens before that end, and
+        # trains that action's tokens only.
+        assert w_ids[-1] == end - 1 and len(w_ids) == min(5, end)
+        np.testing.assert_array_equal(w_ids[w_mask], np.arange(start, end))
+    # A span longer than the window keeps its last tokens.
+    long = demos.action_windows([(ids, np.ones(20, bool))], window=4)
+    assert len(long) == 1 and long[0][0].tolist() == [16, 17, 18, 19] and long[0][1].all()
+    with pytest.raises(ValueError, match="window"):
+        demos.action_windows([(ids, mask)], window=0)
+
+
+def test_window_phase_needs_a_window():
+    from crl_jax.config import ConfigError, from_dict
+
+    with pytest.raises(ConfigError, match="actor_window"):
+        from_dict({"warm_start": {"enabled": True, "window_steps": 5, "actor_window": 0}})
+
+
 def _nano_state(vocab, seed=0, lr=1e-2):
     cfg = models.get_preset("nano", vocab_size=vocab.vocab_size, eos_token_id=vocab.eos_id,
                             pad_token_id=vocab.pad_id)
@@ -156,8 +181,9 @@ def test_run_warm_start_trains_and_reuses_its_cache(short_tokenizer, tmp_path):
     _, extractor = _nano_state(tokenizer, seed=1)
     before = jax.device_get(actor.params)
     tasks = [{"env": SHORT, "seed": s} for s in range(8)]
-    cfg = WarmStartConfig(enabled=True, episodes=8, actor_steps=4, extractor_steps=2, merge_examples=2,
-                          batch_size=4, learning_rate=1e-3)
+    cfg = WarmStartConfig(enabled=True, episodes=8, actor_window=32, window_steps=2, window_batch_size=4,
+                          actor_steps=4, extractor_steps=2, merge_examples=2, batch_size=4,
+                          learning_rate=1e-3)
 
     def inputs(a, e):
         # Prompts longer than the extractor's budget are cut (here: all distillation prompts).
@@ -167,6 +193,9 @@ def test_run_warm_start_trains_and_reuses_its_cache(short_tokenizer, tmp_path):
 
     actor_params, ext_params, summary = run_warm_start(cfg, inputs(actor, extractor), str(tmp_path))
     assert summary["actor"]["steps"] == 4 and summary["extractor"]["steps"] == 2
+    # The window phase ran first, on one example per action of the 8 demos.
+    assert summary["actor_window"]["steps"] == 2
+    assert summary["actor_window"]["examples"] > summary["actor"]["examples"] == 8
     assert summary["demos"]["episodes"] == 8
     changed = jax.tree.map(lambda a, b: float(np.abs(np.asarray(a) - np.asarray(b)).max()),
                            jax.device_get(actor_params), before)

@@ -6,8 +6,9 @@ the CPU default because tiny models cannot learn the dark room's exploration in 
 "The default run").
 
 Owns: building the NetHack Learning Environment for a task, seeding it so that a seed fixes the level
-and the whole game (core, display and level-generator RNGs, moon phase), rendering the 9x9 crop
-around the agent as text with a legend and the game message, and mapping action words
+and the whole game (core, display and level-generator RNGs, moon phase), rendering the game message,
+the 9x9 crop around the agent and a "You see" line of what is in view as text (the legend is in
+the system prompt), and mapping action words
 ("north", "pick up", "apply", ...) to NLE actions.
 
 It also offers `privileged_map()` for scripted experts: the same level generated in a second,
@@ -100,11 +101,6 @@ LEGEND = (
     "Legend: @ you; . floor; > staircase down (the goal); | and - walls; + closed door; "
     "| or - in a wall gap may be an open door; ( an item such as a key; ` boulder; } water; "
     "^ a trap you have found; letters (a-z, A-Z) are monsters; a blank is rock or unseen."
-)
-_SYMBOLS = (
-    ("@", "you"), (".", "floor"), (">", "stairs down (goal)"), ("<", "stairs up"),
-    ("|", "wall or open door"), ("-", "wall or open door"), ("+", "closed door"), ("(", "item"),
-    ("`", "boulder"), ("}", "water"), ("^", "trap"), ("#", "corridor"),
 )
 # Map symbols named, with their offset from the agent, in each observation's "You see" line (the
 # text counterpart of the screen descriptions the paper's environment passes along).
@@ -204,13 +200,10 @@ class MiniHackEnv(TextEnv):
         message = _decode(obs["message"]).strip() or "(no message)"
         rows = [_decode(row) for row in obs["chars_crop"]]
         crop = "\n".join(rows)
-        # Each observation names the symbols it shows (the full legend is in the system prompt).
-        present = set("".join(rows))
-        legend = [f"{sym} {what}" for sym, what in _SYMBOLS if sym in present]
-        if any(c.isalpha() for c in present):
-            legend.append("letters monsters")
+        # The legend is in the system prompt and "You see" names what matters, so an observation
+        # carries no legend of its own (it cost a fifth of each observation's tokens).
         # "You see" comes last, right before the agent's reply, where small models attend best.
-        return (f"Message: {message}\nMap around you:\n{crop}\nLegend: {'; '.join(legend)}\n"
+        return (f"Message: {message}\nMap around you:\n{crop}\n"
                 f"You see: {describe_surroundings(rows)}")
 
     @property

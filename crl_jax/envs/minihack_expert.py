@@ -76,7 +76,12 @@ class MiniHackExpert(ScriptedAgent):
         return True
 
     def _path(self, world, start, goal_cells, avoid) -> list | None:
-        """BFS honouring doorway and blocked-move rules; `avoid` cells are entered only as goals."""
+        """BFS honouring doorway and blocked-move rules; `avoid` cells are entered only as goals.
+
+        Among shortest paths it takes the one whose first move is the compass direction of the
+        goal (diagonal while both offsets are non-zero), the word the observation's `You see:`
+        line gives: the demonstrations then say what the observation says whenever that is
+        optimal, rather than an arbitrary tie-break the cloned actor cannot read."""
         import collections
 
         parent = {start: None}
@@ -89,7 +94,8 @@ class MiniHackExpert(ScriptedAgent):
                     cell, d = parent[cell]
                     path.append(d)
                 return path[::-1]
-            for d in world.dirs:
+            dirs = self._toward(start, goal_cells, world.dirs) if cell == start else world.dirs
+            for d in dirs:
                 nxt = (cell[0] + d[0], cell[1] + d[1])
                 if nxt in parent or nxt not in world.floor or not self._legal(cell, d):
                     continue
@@ -98,6 +104,16 @@ class MiniHackExpert(ScriptedAgent):
                 parent[nxt] = (cell, d)
                 queue.append(nxt)
         return None
+
+    @staticmethod
+    def _toward(start, goal_cells, dirs) -> list:
+        """`dirs` with the compass direction of the nearest goal cell first (BFS keeps that
+        order, so the first shortest path found starts with it when one does)."""
+        if not goal_cells:
+            return list(dirs)
+        goal = min(goal_cells, key=lambda c: (max(abs(c[0] - start[0]), abs(c[1] - start[1])), c))
+        compass = (int(np.sign(goal[0] - start[0])), int(np.sign(goal[1] - start[1])))
+        return sorted(dirs, key=lambda d: d != compass)
 
     def _go(self, world, pos, goal_cells, monsters) -> tuple:
         for avoid in (self.traps | monsters, monsters, self.traps, set()):

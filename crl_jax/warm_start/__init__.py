@@ -3,7 +3,9 @@
 Before the first RL step of a run whose models start from random weights:
   1. play `episodes` train-split tasks with the scripted experts, degraded by random actions
      (`demos.collect_demos`);
-  2. behaviour-clone the actor on them (`actor_steps` supervised steps);
+  2. behaviour-clone the actor on them: `window_steps` steps on the last `actor_window` tokens
+     before each action (optional; cheap, and where reading the observation is learnt), then
+     `actor_steps` steps on whole episodes (lessons, search calls, format in context);
   3. fine-tune the extractor on the scripted summariser's distillation, refinement and merge
      replies for the same episodes (`extractor_steps` steps);
 and return the new parameters. The result is saved as an Orbax checkpoint in
@@ -60,11 +62,11 @@ def length_bucket(n: int, cap: int, granule: int = 256) -> int:
     return min(max(granule, -(-n // granule) * granule), cap)
 
 
-def _batches(examples, batch_size: int, cap: int, rng: np.random.Generator):
+def _batches(examples, batch_size: int, cap: int, rng: np.random.Generator, granule: int = 256):
     """Endless shuffled batches, each from one length bucket (few shapes, so few compilations)."""
     by_bucket: dict[int, list[int]] = {}
     for i, (ids, _) in enumerate(examples):
-        by_bucket.setdefault(length_bucket(len(ids), cap), []).append(i)
+        by_bucket.setdefault(length_bucket(len(ids), cap, granule), []).append(i)
     while True:
         batches = []
         for length, rows in by_bucket.items():
@@ -76,16 +78,18 @@ def _batches(examples, batch_size: int, cap: int, rng: np.random.Generator):
 
 def train_supervised(name: str, state: TrainState, examples, *, steps: int, batch_size: int,
                      learning_rate: float, max_len: int, mesh, seed: int,
-                     writer: metrics_lib.MetricsWriter, step_offset: int) -> tuple[object, dict]:
+                     writer: metrics_lib.MetricsWriter, step_offset: int,
+                     granule: int = 256) -> tuple[object, dict]:
     """`steps` supervised updates of `state`'s params on `examples`; returns (params, summary).
-    The RL optimiser state is untouched: the warm start has its own AdamW."""
+    The RL optimiser state is untouched: the warm start has its own AdamW. Batches are padded to
+    a multiple of `granule` tokens (at most `max_len`)."""
     tx = make_optimizer(OptimizerConfig(learning_rate=learning_rate, max_grad_norm=1.0))
     sft_state = TrainState.create(state.graphdef, state.params, tx, jax.random.PRNGKey(seed))
     # Its fresh Adam moments are sharded like the params they track (the step donates the state,
     # so the caller's params are consumed: it takes the returned ones).
     sft_state = jax.device_put(sft_state, state_shardings(mesh, sft_state))
     step_fns: dict[int, object] = {}
-    batches = _batches(examples, batch_size, max_len, np.random.default_rng([seed, 11]))
+    batches = _batches(examples, batch_size, max_len, np.random.default_rng([seed, 11]), granule)
     losses = []
     progress = metrics_lib.Progress(steps, keys=(f"{name}/loss",), every=max(1, steps // 10))
     for i in range(steps):
@@ -148,11 +152,21 @@ def run_warm_start(cfg: WarmStartConfig, inputs: WarmStartInputs, workdir: str):
              demo_stats["success"], demo_stats["actions"], demo_stats["guided"], demo_stats["searched"])
     writer = metrics_lib.MetricsWriter(folder)
     writer.resume_from(-1)
+    actor_examples = demos_lib.actor_examples(inputs.tokenizer, demos)
+    actor_state, summary = inputs.actor_state, {"demos": demo_stats}
+    if cfg.window_steps > 0:
+        window = min(cfg.actor_window, inputs.actor_max_len)
+        params, summary["actor_window"] = train_supervised(
+            "actor_window", actor_state, demos_lib.action_windows(actor_examples, window),
+            steps=cfg.window_steps, batch_size=cfg.window_batch_size, learning_rate=cfg.learning_rate,
+            max_len=window, mesh=inputs.mesh, seed=inputs.seed, writer=writer, step_offset=0,
+            granule=window)
+        actor_state = actor_state.replace(params=params)
     actor_params, actor_summary = train_supervised(
-        "actor", inputs.actor_state, demos_lib.actor_examples(inputs.tokenizer, demos),
-        steps=cfg.actor_steps, batch_size=cfg.batch_size, learning_rate=cfg.learning_rate,
-        max_len=inputs.actor_max_len, mesh=inputs.mesh, seed=inputs.seed, writer=writer, step_offset=0)
-    summary = {"demos": demo_stats, "actor": actor_summary}
+        "actor", actor_state, actor_examples, steps=cfg.actor_steps, batch_size=cfg.batch_size,
+        learning_rate=cfg.learning_rate, max_len=inputs.actor_max_len, mesh=inputs.mesh,
+        seed=inputs.seed, writer=writer, step_offset=cfg.window_steps)
+    summary["actor"] = actor_summary
     extractor_params = None
     if inputs.extractor_state is not None:
         examples, counts = demos_lib.extractor_examples(
@@ -163,7 +177,7 @@ def run_warm_start(cfg: WarmStartConfig, inputs: WarmStartInputs, workdir: str):
             batch_size=cfg.batch_size, learning_rate=cfg.extractor_learning_rate,
             max_len=inputs.extractor_max_len, mesh=inputs.extractor_mesh or inputs.mesh,
             seed=inputs.seed + 1, writer=writer,
-            step_offset=cfg.actor_steps)
+            step_offset=cfg.window_steps + cfg.actor_steps)
         summary["extractor"] = {**ext_summary, **counts}
     writer.close()
     summary["time_s"] = time.perf_counter() - started

@@ -132,6 +132,28 @@ def actor_examples(tokenizer: Tokenizer, demos: Sequence[Demo]) -> list[Example]
     return out
 
 
+def action_windows(examples: Sequence[Example], window: int) -> list[Example]:
+    """One example per trained span (an action and its end marker) of each example: the last
+    `window` tokens up to the span's end, with only that span trained.
+
+    Reading the observation right before an action is what a cloned actor must learn first, and
+    the model's positions are relative (RoPE), so what it learns on a window holds in the whole
+    transcript; a window costs a fraction of the episode's attention, so the warm start affords
+    many more of them. A span longer than `window` keeps its last `window` tokens."""
+    if window <= 0:
+        raise ValueError(f"window must be > 0, got {window}")
+    out = []
+    for ids, mask in examples:
+        ids, mask = np.asarray(ids, np.int32), np.asarray(mask, bool)
+        edges = np.diff(np.concatenate([[0], mask.astype(np.int8), [0]]))
+        for start, end in zip(np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)):
+            first = max(0, end - window)
+            span = np.zeros(end - first, bool)
+            span[max(start, first) - first:] = True
+            out.append((ids[first:end], span))
+    return out
+
+
 def _reply_example(tokenizer: Tokenizer, messages: list[dict], reply: str, room: int) -> Example:
     prompt = prompt_ids(tokenizer, messages, room)
     response = tokenizer.encode(reply) + [tokenizer.eos_id]

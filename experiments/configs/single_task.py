@@ -57,7 +57,8 @@ def base_config() -> config_dict.ConfigDict:
     # Tiny models start from random weights: behaviour cloning on scripted episodes (some with
     # random actions) and SFT of the extractor on scripted summaries come first.
     c.warm_start = dict(enabled=True, episodes=512, epsilons=(0.0, 0.25, 0.5), guided_fraction=0.5,
-                        search_fraction=0.2, actor_steps=120, extractor_steps=160, merge_examples=16,
+                        search_fraction=0.2, actor_window=96, window_steps=200, window_batch_size=32,
+                        actor_steps=40, extractor_steps=160, merge_examples=16,
                         batch_size=8, learning_rate=3e-3, extractor_learning_rate=5e-3)
     c.checkpoint = dict(every=10, keep=3)
     return config_dict.ConfigDict(c)
