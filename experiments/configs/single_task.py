@@ -50,6 +50,7 @@ def base_config() -> config_dict.ConfigDict:
     # well formed.
     c.extractor = dict(train=True, batch_size=16, cooldown_steps=1, weight_power=0.5, max_new_tokens=128,
                        cache_length=896, temperature=0.7, top_p=0.99)
+    # Actor lr 5e-4: at 1e-4, twenty steps barely move a ~1M-parameter model.
     c.rl = dict(train_actor=True, advantage_normalization="mean_std", advantage_split="subgroup",
                 clip_eps=0.2, cispo_eps=0.1, aggregation="seq_mean_token_mean", learning_rate=5e-4,
                 extractor_learning_rate=1e-4, weight_decay=0.0, max_grad_norm=1.0, micro_batches=1,
@@ -58,7 +59,9 @@ def base_config() -> config_dict.ConfigDict:
     # large as the change to measure. The training curves show the steps in between.
     c.eval = dict(every=0, tasks_per_env=64, at_start=True, with_experience=True, without_experience=True)
     # Tiny models start from random weights: behaviour cloning on scripted episodes (some with
-    # random actions) and SFT of the extractor on scripted summaries come first.
+    # random actions), first on the 96 tokens before each action (cheap, and where the actor
+    # learns to read the observation; whole episodes alone left it at chance), then on whole
+    # episodes; and SFT of the extractor on scripted summaries.
     c.warm_start = dict(enabled=True, episodes=512, epsilons=(0.0, 0.25, 0.5), guided_fraction=0.5,
                         search_fraction=0.2, actor_window=96, window_steps=300, window_batch_size=32,
                         actor_steps=20, extractor_steps=120, merge_examples=16,
