@@ -13,18 +13,36 @@ import sys
 import textwrap
 
 
+def _bank_doc(doc, depth: int = 3) -> dict | None:
+    """The bank dict in `doc`: `doc` itself, or one nested a few levels down (a checkpoint keeps
+    it at host_state["memory"])."""
+    if not isinstance(doc, dict):
+        return None
+    if "entries" in doc or "text_store" in doc:
+        return doc
+    for value in doc.values() if depth > 0 else ():
+        found = _bank_doc(value, depth - 1)
+        if found is not None:
+            return found
+    return None
+
+
+def _read(path: str) -> dict | None:
+    try:
+        with open(path) as f:
+            return _bank_doc(json.load(f))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+
+
 def _find_json(folder: str) -> str:
+    # Checkpoints write their host JSON as `<step>/host/metadata` (Orbax's name, no extension).
     found = []
     for root, _, files in os.walk(folder):
         for name in files:
-            if name.endswith(".json"):
+            if name.endswith(".json") or (name == "metadata" and os.path.basename(root) == "host"):
                 path = os.path.join(root, name)
-                try:
-                    with open(path) as f:
-                        head = json.load(f)
-                except (OSError, ValueError):
-                    continue
-                if isinstance(head, dict) and ("entries" in head or "text_store" in head):
+                if _read(path) is not None:
                     found.append(path)
     if not found:
         raise FileNotFoundError(f"no experience-bank JSON (with 'entries' or 'text_store') under {folder}")
@@ -34,11 +52,10 @@ def _find_json(folder: str) -> str:
 def load(path: str) -> dict:
     if os.path.isdir(path):
         path = _find_json(path)
-    with open(path) as f:
-        data = json.load(f)
+    data = _read(path)
+    if data is None:
+        raise ValueError(f"{path} holds neither 'entries' nor 'text_store'")
     if "entries" not in data:
-        if "text_store" not in data:
-            raise ValueError(f"{path} holds neither 'entries' nor 'text_store'")
         data = {"tasks": data.get("tasks", []), "entries": data["text_store"],
                 "reasons": data.get("reasons", {})}
     return data

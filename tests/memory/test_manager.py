@@ -107,6 +107,16 @@ def test_state_round_trip_and_show(bank_fns, hash_embed, tmp_path):
                          capture_output=True, text=True, check=True).stdout
     assert "== task room: 1 entries, 0 retrievals ==" in out and "keep a hand on the wall" in out
     assert "no_answer: 1" in out
+    # A training checkpoint folder: the bank sits inside the host state Orbax writes.
+    from crl_jax.checkpoint import Checkpointer
+
+    ckpt = Checkpointer(str(tmp_path / "run" / "checkpoints"), max_to_keep=1, async_save=False)
+    ckpt.save(3, {"x": np.zeros(2, np.float32)}, {"next_step": 4, "memory": state})
+    ckpt.wait()
+    ckpt.close()
+    out = subprocess.run([sys.executable, "-m", "crl_jax.memory.show", str(tmp_path / "run")],
+                         capture_output=True, text=True, check=True).stdout
+    assert "== task maze: 1 entries" in out and "keep a hand on the wall" in out
 
 
 def test_prompts_strip_injection_and_number_entries():
