@@ -7,7 +7,7 @@ import pytest
 from flax import nnx
 
 from crl_jax import envs, models, sharding
-from crl_jax.config import WarmStartConfig
+from crl_jax.config import ConfigError, WarmStartConfig, from_dict
 from crl_jax.memory import ops, prompts
 from crl_jax.rl.sft import make_sft_step, sft_batch
 from crl_jax.rollout.extractor import prompt_ids
@@ -136,8 +136,6 @@ def test_action_windows_cut_one_example_per_action():
 
 
 def test_window_phase_needs_a_window():
-    from crl_jax.config import ConfigError, from_dict
-
     with pytest.raises(ConfigError, match="actor_window"):
         from_dict({"warm_start": {"enabled": True, "window_steps": 5, "actor_window": 0}})
 
