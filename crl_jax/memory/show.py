@@ -28,11 +28,12 @@ def _bank_doc(doc, depth: int = 3) -> dict | None:
 
 
 def _read(path: str) -> dict | None:
-    try:
-        with open(path) as f:
+    """The bank dict in the JSON file at `path`, None if there is none; OSError if unreadable."""
+    with open(path) as f:
+        try:
             return _bank_doc(json.load(f))
-    except (OSError, ValueError, UnicodeDecodeError):
-        return None
+        except (ValueError, UnicodeDecodeError):
+            return None
 
 
 def _find_json(folder: str) -> str:
@@ -42,8 +43,11 @@ def _find_json(folder: str) -> str:
         for name in files:
             if name.endswith(".json") or (name == "metadata" and os.path.basename(root) == "host"):
                 path = os.path.join(root, name)
-                if _read(path) is not None:
-                    found.append(path)
+                try:
+                    if _read(path) is not None:
+                        found.append(path)
+                except OSError:
+                    continue
     if not found:
         raise FileNotFoundError(f"no experience-bank JSON (with 'entries' or 'text_store') under {folder}")
     return max(found, key=os.path.getmtime)
