@@ -100,8 +100,10 @@ METRIC_DOCS: dict[str, str] = {
     EXTRACTOR_BUFFER: "extractor samples waiting in the buffer after the step",
     TIME_STEP: "wall seconds of the whole step",
     TIME_ACTOR_ROLLOUT: "wall seconds the actor spent generating rollouts (the critical path)",
-    TIME_ACTOR_UPDATE: "wall seconds of the actor train step",
-    TIME_EXTRACTOR: "wall seconds of extractor work that ran on the critical path",
+    TIME_ACTOR_UPDATE: "wall seconds of the train step (the actor, and the extractor on steps that update "
+                       "it), compilation included",
+    TIME_EXTRACTOR: "wall seconds of extractor work on the critical path: waiting for the previous "
+                    "step's distillation, merging, and distilling in the foreground",
     TIME_EVAL: "wall seconds of evaluation (eval steps only)",
 }
 

@@ -194,14 +194,27 @@ def _before_after(rows: list[dict]) -> list[str]:
         cell = lambda d, f, i: _fmt(d[f][1][i]) if len(d[f][0]) else ""  # noqa: E731
         out.append(f"| `{prefix}` | {cell(start, m.SUCCESS, 0)} | {cell(start, m.ACTIONS, 0)} | "
                    f"{cell(start, m.EPISODES, 0)} | {end[m.SUCCESS][0][-1]} | {cell(end, m.SUCCESS, -1)} | "
-                   f"{cell(end, m.ACTIONS, -1)} | {cell(end, m.EPISODES, -1)} |")
+                   f"{cell(end, m.ACTIONS, -1)} | {cell(end, m.EPISODES, -1)} | "
+                   f"{_change(start, end)} |")
     if not out:
         return []
     return ["", "## Test split before and after RL", "",
             "Before: after the warm start, before the first RL step. Success rate, actions per "
-            "episode and number of test episodes.", "",
+            "episode and number of test episodes. Change: after minus before, with its standard "
+            "error (binomial, the two evaluations taken as independent).", "",
             "| evaluation | success before | actions before | episodes | last step | success after "
-            "| actions after | episodes |", "|---|---:|---:|---:|---:|---:|---:|---:|", *out]
+            "| actions after | episodes | change ± s.e. |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|", *out]
+
+
+def _change(start: dict, end: dict) -> str:
+    """Success after minus before, ± the standard error of that difference."""
+    if not (len(start[m.EPISODES][0]) and len(end[m.EPISODES][0])):
+        return ""
+    (p0, n0), (p1, n1) = ((d[m.SUCCESS][1][i], d[m.EPISODES][1][i]) for d, i in ((start, 0), (end, -1)))
+    if n0 < 1 or n1 < 1:
+        return ""
+    se = float(np.sqrt(p0 * (1 - p0) / n0 + p1 * (1 - p1) / n1))
+    return f"{p1 - p0:+.3f} ± {se:.3f}"
 
 
 def _bank_section(rows: list[dict]) -> list[str]:

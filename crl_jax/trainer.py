@@ -178,7 +178,8 @@ class Trainer:
         self._carry: dict = {}
 
         splits = distributed.process0_first(
-            lambda: task_splits(cfg.tasks, cfg.data_dir or os.path.join(workdir, "tfds")), "task_splits")
+            lambda: task_splits(cfg.tasks, cfg.data_dir or os.path.join(workdir, "tfds"),
+                                num_test=max(DEFAULT_TEST_TASKS, cfg.eval.tasks_per_env)), "task_splits")
         self.train_tasks = splits["train"]
         self.stream = TaskStream(splits["train"], cfg.seed)
         self.test_tasks = [t for name in cfg.tasks
@@ -273,6 +274,9 @@ class Trainer:
         if self.experience is not None and cfg.memory.merge_every and step > 0:
             merged = self.experience.merge(self.extractor_state.params, step)
             metrics["bank/merge_calls"] = float(len(merged))
+        # Extractor work on the critical path: waiting for last step's distillation, merging,
+        # and (below) distilling in the foreground.
+        extractor_s = time.perf_counter() - started
 
         specs = self._episode_specs(tasks)
         use_memory = self.experience is not None and not warm
@@ -285,7 +289,7 @@ class Trainer:
         trajectories, entries = self.rollout(specs, step, use_memory, seed=self._seed(step, 0))
         for key, name in counted if self.experience is not None else ():
             metrics[key] = float(self.experience.stats[name] - before[name])
-        metrics["time/actor_rollout_s"] = self.actor_loop.last_timings["actor_rollout_s"]
+        metrics[metrics_lib.TIME_ACTOR_ROLLOUT] = self.actor_loop.last_timings["actor_rollout_s"]
         metrics.update(episode_metrics(trajectories, metrics_lib.TRAIN))
         metrics.update(episode_metrics([t for t in trajectories if t.spec.guided],
                                        metrics_lib.TRAIN_WITH_EXP))
@@ -314,14 +318,20 @@ class Trainer:
             if extractor_batch is None:
                 self.pending = self.background.submit(job)
             else:
+                distill_started = time.perf_counter()
                 metrics.update({f"distill/{k}": v for k, v in job().items()})
+                extractor_s += time.perf_counter() - distill_started
+        metrics[metrics_lib.TIME_EXTRACTOR] = extractor_s
 
         if not warm and (cfg.rl.train_actor or extractor_batch is not None):
+            update_started = time.perf_counter()
             metrics.update(self._update(trajectories, extractor_batch))
+            # Includes the extractor's update when it shares the step, and any compilation.
+            metrics[metrics_lib.TIME_ACTOR_UPDATE] = time.perf_counter() - update_started
         if self.experience is not None:
             metrics["bank/size"] = float(len(self.experience.manager.store))
         metrics["extractor/buffer_size"] = float(len(self.buffer))
-        metrics["time/step_s"] = time.perf_counter() - started
+        metrics[metrics_lib.TIME_STEP] = time.perf_counter() - started
         return metrics
 
     def _extractor_batch(self, step: int, metrics: dict):
@@ -566,15 +576,19 @@ def episode_record(traj) -> dict:
             "env_errors": float(traj.end_reason.startswith("env_error"))}
 
 
-def task_splits(names, data_dir: str) -> dict[str, list[dict]]:
+DEFAULT_TEST_TASKS = 100  # test tasks per environment, unless evaluation asks for more
+
+
+def task_splits(names, data_dir: str, num_test: int = DEFAULT_TEST_TASKS) -> dict[str, list[dict]]:
     """{"train": [...], "test": [...]} task specs ({"env", "seed"}) for the environments `names`,
-    from the TFDS task-split datasets (built into `data_dir` on first use)."""
+    from the TFDS task-split datasets (built into `data_dir` on first use). A larger `num_test`
+    only appends test tasks: the first 100 are the same in every split."""
     import tensorflow_datasets as tfds
 
     from crl_jax import data
 
     tfds.disable_progress_bar()  # the run has its own progress line
-    sources = data.load_task_splits(list(names), data_dir, with_goals=False)
+    sources = data.load_task_splits(list(names), data_dir, num_test=num_test, with_goals=False)
     return {split: [{"env": t["env_name"], "seed": t["seed"]} for t in sources[split]]
             for split in ("train", "test")}
 

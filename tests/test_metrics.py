@@ -232,3 +232,17 @@ def test_report_cli_without_log_says_so_in_one_line(tmp_path, capsys):
     assert report.main([str(tmp_path / "missing")]) == 2
     err = capsys.readouterr().err
     assert err.strip().count("\n") == 0 and "no metrics log" in err
+
+
+def test_report_before_after_gives_the_change_and_its_standard_error(tmp_path):
+    wd = str(tmp_path)
+    before = m.aggregate_episodes([{"task": "door", "success": float(i < 25), "actions": 4}
+                                   for i in range(100)], m.EVAL_WITHOUT_EXP)
+    after = m.aggregate_episodes([{"task": "door", "success": float(i < 50), "actions": 3}
+                                  for i in range(100)], m.EVAL_WITHOUT_EXP)
+    with m.MetricsWriter(wd, enabled=True) as w:
+        w.write(0, {m.TRAIN_SUCCESS: 0.2, **{f"{m.START}/{k}": v for k, v in before.items()}})
+        w.write(1, {m.TRAIN_SUCCESS: 0.4, **after})
+    md = open(report.write_report(wd)).read()
+    # sqrt(0.25 * 0.75 / 100 + 0.5 * 0.5 / 100) = 0.0661
+    assert _table_row(md, m.EVAL_WITHOUT_EXP) == ["0.25", "4", "100", "1", "0.5", "3", "100", "+0.250 ± 0.066"]

@@ -59,3 +59,16 @@ def test_bad_arguments_are_clear(tmp_path):
     with pytest.raises(ValueError, match="split"):
         task_seeds("validation", 3)
     assert task_seeds("test", 2) == [TEST_SEED_BASE, TEST_SEED_BASE + 1]
+
+
+def test_trainer_splits_grow_with_the_evaluation_size(tmp_path):
+    """Asking for more test tasks than the default 100 appends tasks: the first 100 stay the same,
+    so before/after numbers of runs with different evaluation sizes share their first rooms."""
+    from crl_jax.trainer import DEFAULT_TEST_TASKS, task_splits
+
+    default = task_splits(["sokoban/6x6-2box"], str(tmp_path))
+    larger = task_splits(["sokoban/6x6-2box"], str(tmp_path), num_test=130)
+    assert len(default["test"]) == DEFAULT_TEST_TASKS and len(larger["test"]) == 130
+    assert larger["test"][:DEFAULT_TEST_TASKS] == default["test"]
+    assert larger["train"] == default["train"]
+    assert len({t["seed"] for t in larger["test"]}) == 130

@@ -66,6 +66,12 @@ def test_complementary_rl_updates_both_models_and_uses_the_bank(make_config, tmp
     assert not same(actor0, params_of(trainer.actor_state))  # coin outcomes vary within groups
     check_updated(rows, trainer.extractor_state, extractor0, "extractor")
     assert not any("actor/loss" in r for r in rows[:1])  # step 0 is warm-up: no update
+    # The timing breakdown is logged: the update on steps that train, extractor work on every step.
+    for r in rows:
+        assert ("time/actor_update_s" in r) == ("actor/loss" in r or "extractor/loss" in r)
+        assert 0 <= r["time/extractor_s"] <= r["time/step_s"]
+        assert r.get("time/actor_update_s", 0) + r["time/actor_rollout_s"] <= r["time/step_s"]
+    assert rows[2]["time/extractor_s"] > 0  # the merge pass at step 2 ran on the critical path
     stats = trainer.experience.stats
     assert stats["retrievals"] > 0 and stats["retrieval_hits"] > 0
     assert sum(v for k, v in stats.items() if k not in ("retrievals", "retrieval_hits",
