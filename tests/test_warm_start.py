@@ -111,6 +111,14 @@ def test_situation_picks_lesson_by_outcome():
     assert lessons.situation(facts(success=False)) == "fail"
     assert lessons.situation(facts(success=False, invalid_actions=3)) == "format"
     assert lessons.family("shop/x") == "shop" and lessons.family("unknown/x") == "generic"
+    # In a lit room the goal is always in view: a slow success still teaches going straight for
+    # it, never the dark room's exploration lesson.
+    lit = lambda **kw: facts(task="minihack/room-ultimate-lit-5x5", **kw)  # noqa: E731
+    assert lessons.family(lit().task) == "minihack-lit"
+    assert lessons.lesson(lit(actions=20)) == lessons.lesson(lit()) == lessons.expert_lesson(lit().task)
+    assert "dark" in lessons.lesson(facts(actions=20))[1]
+    assert not any("dark" in content for _, content in lessons.all_lessons(lit().task))
+    assert lessons.lesson(lit(success=False))[0] == "go around what blocks the way"
 
 
 def test_length_bucket():

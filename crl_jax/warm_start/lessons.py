@@ -18,14 +18,21 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+_GO_STRAIGHT_FOR_THE_STAIRS = (
+    "go straight for the stairs",
+    "When the You see line shows the staircase, move in the direction it names last, such as "
+    "southeast, every turn until you stand on it. Diagonal moves cover two directions in one turn. "
+    "Do not explore once the goal is in view.")
+_ONE_DIRECTION_WORD = (
+    "write one valid action",
+    "Answer with exactly one direction word inside the answer tags, such as north or southeast. "
+    "Anything else wastes a turn.")
+
 # family -> {situation -> (title, content)}. Situations: "fast" and "slow" successes, "fail"ures,
 # and "format" (the agent wrote actions the environment did not accept).
 _LESSONS: dict[str, dict[str, tuple[str, str]]] = {
     "minihack": {
-        "fast": ("go straight for the stairs",
-                 "When the You see line shows the staircase, move in the direction it names last, "
-                 "such as southeast, every turn until you stand on it. Diagonal moves cover two "
-                 "directions in one turn. Do not explore once the goal is in view."),
+        "fast": _GO_STRAIGHT_FOR_THE_STAIRS,
         "slow": ("explore a dark room systematically",
                  "In a dark room you only see the squares next to you. First move diagonally "
                  "toward the middle of the room to uncover more floor, then follow the walls. If "
@@ -35,9 +42,18 @@ _LESSONS: dict[str, dict[str, tuple[str, str]]] = {
                  "If a move leaves the map unchanged, a wall or the edge of the room blocks that "
                  "direction, so try a different one instead of repeating it. Keep track of the "
                  "directions already tried and head toward squares you have not seen yet."),
-        "format": ("write one valid action",
-                   "Answer with exactly one direction word inside the answer tags, such as north "
-                   "or southeast. Anything else wastes a turn."),
+        "format": _ONE_DIRECTION_WORD,
+    },
+    # A lit room shows the staircase from the first turn, so there is nothing to explore: every
+    # success, quick or not, teaches going straight for it (the dark room's "slow" lesson about
+    # exploring would be wrong advice here), and failures come from what blocks the way.
+    "minihack-lit": {
+        "fast": _GO_STRAIGHT_FOR_THE_STAIRS,
+        "fail": ("go around what blocks the way",
+                 "If a move leaves the map unchanged, a wall blocks that direction. If the trap ^ "
+                 "or a monster stands between you and the staircase, step diagonally around it, "
+                 "then move in the direction the You see line names last for the staircase."),
+        "format": _ONE_DIRECTION_WORD,
     },
     "sokoban": {
         "fast": ("plan pushes before moving",
@@ -124,8 +140,11 @@ QUESTION = ("I have not reached the goal yet and I do not know where to go next.
 _GUIDANCE_OPENING = "Apply this now: "
 
 def family(task: str) -> str:
-    """The lesson family of a task name such as "minihack/room-ultimate-5x5"."""
-    head = task.split("/", 1)[0]
+    """The lesson family of a task name such as "minihack/room-ultimate-5x5" ("minihack"); lit
+    MiniHack rooms ("minihack/room-ultimate-lit-5x5") have their own, "minihack-lit"."""
+    head, _, rest = task.partition("/")
+    if head == "minihack" and "lit" in rest.split("-"):
+        return "minihack-lit"
     return head if head in _LESSONS else "generic"
 
 
@@ -149,8 +168,10 @@ def situation(facts: EpisodeFacts) -> str:
 
 
 def lesson(facts: EpisodeFacts) -> tuple[str, str]:
-    """(title, content) of the lesson the summariser draws from an episode."""
-    return _LESSONS[family(facts.task)][situation(facts)]
+    """(title, content) of the lesson the summariser draws from an episode. A family without a
+    "slow" lesson teaches its "fast" one for every success."""
+    lessons = _LESSONS[family(facts.task)]
+    return lessons.get(situation(facts), lessons["fast"])
 
 
 def distill_reply(facts: EpisodeFacts, retrieved: Sequence[tuple[str, str]]) -> str:
