@@ -71,8 +71,12 @@ def render(data: dict, width: int = 100, max_chars: int = 600) -> str:
     out = []
     for task in tasks:
         mine = sorted((e for e in entries if e["task"] == task), key=lambda e: e["entry_id"])
-        shown = sum(e.get("retrieval_count", 0) for e in mine)
-        out.append(f"== task {task}: {len(mine)} entries, {shown} retrievals ==")
+        # A checkpoint keeps the retrieval counters in the device bank, not in its host JSON:
+        # say so rather than report zero retrievals.
+        counted = any("retrieval_count" in e for e in mine)
+        shown = (f"{sum(e.get('retrieval_count', 0) for e in mine)} retrievals" if counted
+                 else "retrieval counts not in this file")
+        out.append(f"== task {task}: {len(mine)} entries, {shown} ==")
         for e in mine:
             counts = (f"retrieved {e['retrieval_count']}x, trained {e.get('train_count', 0)}x"
                       if "retrieval_count" in e else "no counters")

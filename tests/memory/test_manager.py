@@ -116,7 +116,8 @@ def test_state_round_trip_and_show(bank_fns, hash_embed, tmp_path):
     ckpt.close()
     out = subprocess.run([sys.executable, "-m", "crl_jax.memory.show", str(tmp_path / "run")],
                          capture_output=True, text=True, check=True).stdout
-    assert "== task maze: 1 entries" in out and "keep a hand on the wall" in out
+    assert "== task maze: 1 entries, retrieval counts not in this file ==" in out
+    assert "keep a hand on the wall" in out
 
 
 def test_prompts_strip_injection_and_number_entries():
