@@ -115,10 +115,13 @@ def apply_variant(c: config_dict.ConfigDict, variant: str) -> None:
         c.actor.path = "smollm2"
         c.extractor_model.path = "smollm2"
         c.tokenizer = "actor"
-        c.steps = 1
+        # Step 0 only fills the bank (memory warm-up: no update); step 1 retrieves and updates
+        # the actor, and the extractor once one of its entries has been used.
+        c.steps = 2
+        c.memory.warmup_steps = 1
         c.warm_start.enabled = False  # an instruct model already
         c.rollout.update(groups_per_step=1, group_size=2, free_per_group=1, max_turns=2, max_new_tokens=16)
-        c.extractor.update(batch_size=2, max_new_tokens=32)
+        c.extractor.update(batch_size=1, max_new_tokens=32)
         c.eval.update(every=0, tasks_per_env=1)
     else:
         raise ValueError(f"unknown variant {variant!r}; known: {', '.join(VARIANTS)}")
