@@ -71,7 +71,6 @@ def test_complementary_rl_updates_both_models_and_uses_the_bank(make_config, tmp
         assert ("time/actor_update_s" in r) == ("actor/loss" in r or "extractor/loss" in r)
         assert 0 <= r["time/extractor_s"] <= r["time/step_s"]
         assert r.get("time/actor_update_s", 0) + r["time/actor_rollout_s"] <= r["time/step_s"]
-    assert rows[2]["time/extractor_s"] > 0  # the merge pass at step 2 ran on the critical path
     stats = trainer.experience.stats
     assert stats["retrievals"] > 0 and stats["retrieval_hits"] > 0
     assert sum(v for k, v in stats.items() if k not in ("retrievals", "retrieval_hits",
