@@ -179,7 +179,7 @@ class Trainer:
 
         splits = distributed.process0_first(
             lambda: task_splits(cfg.tasks, cfg.data_dir or os.path.join(workdir, "tfds"),
-                                num_test=max(DEFAULT_TEST_TASKS, cfg.eval.tasks_per_env)), "task_splits")
+                                min_test=cfg.eval.tasks_per_env), "task_splits")
         self.train_tasks = splits["train"]
         self.stream = TaskStream(splits["train"], cfg.seed)
         self.test_tasks = [t for name in cfg.tasks
@@ -576,18 +576,17 @@ def episode_record(traj) -> dict:
             "env_errors": float(traj.end_reason.startswith("env_error"))}
 
 
-DEFAULT_TEST_TASKS = 100  # test tasks per environment, unless evaluation asks for more
-
-
-def task_splits(names, data_dir: str, num_test: int = DEFAULT_TEST_TASKS) -> dict[str, list[dict]]:
+def task_splits(names, data_dir: str, min_test: int = 0) -> dict[str, list[dict]]:
     """{"train": [...], "test": [...]} task specs ({"env", "seed"}) for the environments `names`,
-    from the TFDS task-split datasets (built into `data_dir` on first use). A larger `num_test`
-    only appends test tasks: the first 100 are the same in every split."""
+    from the TFDS task-split datasets (built into `data_dir` on first use). The test split holds
+    `data.DEFAULT_NUM_TEST` tasks per environment, or `min_test` if that is more: a larger split
+    only appends tasks, so its first ones are the same in every split."""
     import tensorflow_datasets as tfds
 
     from crl_jax import data
 
     tfds.disable_progress_bar()  # the run has its own progress line
+    num_test = max(data.DEFAULT_NUM_TEST, min_test)
     sources = data.load_task_splits(list(names), data_dir, num_test=num_test, with_goals=False)
     return {split: [{"env": t["env_name"], "seed": t["seed"]} for t in sources[split]]
             for split in ("train", "test")}

@@ -24,6 +24,7 @@ from crl_jax.envs.registry import list_envs, make
 TRAIN_SEED_BASE = 0
 TEST_SEED_BASE = 10_000_000  # far above any train range we build: the ranges never meet
 VERSION = "1.0.0"
+DEFAULT_NUM_TEST = 100  # test tasks per environment unless asked for more
 
 
 def _config_name(env_names: Sequence[str], num_train: int, num_test: int, with_goals: bool) -> str:
@@ -105,7 +106,7 @@ def _builder(env_names, data_dir, num_train, num_test, with_goals) -> TaskSplits
 
 
 def build_task_splits(env_names: str | Sequence[str], data_dir, num_train: int = 1000,
-                      num_test: int = 100, with_goals: bool = True) -> TaskSplits:
+                      num_test: int = DEFAULT_NUM_TEST, with_goals: bool = True) -> TaskSplits:
     """Generate (once) the splits for `env_names` under `data_dir`; returns the builder."""
     builder = _builder(env_names, data_dir, num_train, num_test, with_goals)
     builder.download_and_prepare(
@@ -114,7 +115,7 @@ def build_task_splits(env_names: str | Sequence[str], data_dir, num_train: int =
 
 
 def load_task_splits(env_names: str | Sequence[str], data_dir, num_train: int = 1000,
-                     num_test: int = 100, with_goals: bool = True) -> dict:
+                     num_test: int = DEFAULT_NUM_TEST, with_goals: bool = True) -> dict:
     """{"train": source, "test": source}: random-access sources of task-spec dicts.
 
     Builds the splits first if they are not in `data_dir` yet. Each item is
