@@ -21,6 +21,11 @@ reported and the grid goes on; the exit status is then 1. After every run `<out>
 `--setting=NAME=CONFIG[:VARIANTS]` (repeatable) replaces the three settings, e.g. to run the grid
 on another config file.
 
+Runs of one setting and seed whose warm-start inputs are the same (Comp. RL, static, exp. only)
+share one warm start: before a run starts, a finished sibling's `warm_start/` folder is copied into
+its workdir. The trainer still checks the cache's config digest and recomputes on a mismatch, so a
+wrong copy costs time, never correctness. The methods then also start RL from identical weights.
+
 The child runs share a JAX compilation cache (`<out>/jax_cache` unless JAX_COMPILATION_CACHE_DIR is
 set) and default to JAX_PLATFORMS=cpu. Each child's output goes to `<workdir>/run.log`; its progress
 lines are echoed here.
@@ -32,6 +37,7 @@ import argparse
 import collections
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -96,6 +102,38 @@ def plan(settings: dict[str, str], methods: list[str], seeds: list[int], steps: 
     if problems:
         raise ConfigError(problems)
     return grid
+
+
+def warm_start_key(config: dict) -> str:
+    """What the trainer's warm-start cache depends on (trainer.Trainer.warm_start), from a run's
+    config: runs with equal keys can share one warm start."""
+    parts = {"warm_start": config["warm_start"], "tasks": config["tasks"], "seed": config["seed"],
+             "actor": config["actor"], "extractor_model": config["extractor_model"],
+             "tokenizer": config["tokenizer"], "max_turns": config["rollout"]["max_turns"],
+             "search_and_ask": config["rollout"]["search_and_ask"],
+             "memory": config["memory"]["enabled"]}
+    return json.dumps(parts, sort_keys=True)
+
+
+def _warm_start_done(workdir: str) -> bool:
+    checkpoint = os.path.join(workdir, "warm_start", "checkpoint")
+    return os.path.isdir(checkpoint) and any(n.isdigit() for n in os.listdir(checkpoint))
+
+
+def share_warm_start(run: Run, runs: list[Run]) -> str | None:
+    """Copy a finished warm start from a run with the same warm-start key into `run`'s workdir,
+    unless it has one; returns the source run's name, or None."""
+    if os.path.exists(os.path.join(run.workdir, "warm_start")):
+        return None
+    key = warm_start_key(run.config)
+    for other in runs:
+        if (other is not run and _warm_start_done(other.workdir)
+                and warm_start_key(other.config) == key):
+            os.makedirs(run.workdir, exist_ok=True)
+            shutil.copytree(os.path.join(other.workdir, "warm_start"),
+                            os.path.join(run.workdir, "warm_start"))
+            return other.name
+    return None
 
 
 def _hms(seconds: float) -> str:
@@ -232,6 +270,9 @@ def main(argv: list[str]) -> int:
             resume = f", resuming after step {run.last_step}" if run.last_step >= 0 else ""
             print(f"{tag}: starting ({run.steps} steps{resume}) | "
                   f"elapsed {_hms(time.monotonic() - started)}", flush=True)
+            source = share_warm_start(run, runs)
+            if source:
+                print(f"{tag}: warm start copied from {source}", flush=True)
             t0 = time.monotonic()
             rc = launch(run, spec, args.steps, env)
             run.state, run.last_step = results_lib.run_state(run)

@@ -156,3 +156,32 @@ def test_workdir_of_another_config_is_stale_but_a_larger_budget_is_not(tmp_path)
     run.config["memory"]["new_key"] = 1
     assert rr.config_difference(run) == ["memory.merge_every", "memory.new_key"]
     assert rr.run_state(run)[0] == "stale"
+
+
+def _load_reproduce():
+    spec = importlib.util.spec_from_file_location(
+        "reproduce", os.path.join(ROOT, "experiments", "reproduce.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_methods_with_the_same_warm_start_share_it(tmp_path):
+    """On the real single-task configs: Comp. RL, static and exp. only get a finished sibling's
+    warm start copied in; the baseline (no bank, no search calls) and another seed do not."""
+    rp = _load_reproduce()
+    grid = [run for run, _ in rp.plan({"single": rp.SETTINGS["single"]}, list(rr.METHODS),
+                                      [0, 1], None, str(tmp_path))]
+    by_name = {(r.method, r.seed): r for r in grid}
+    source = by_name[("crl", 0)]
+    checkpoint = os.path.join(source.workdir, "warm_start", "checkpoint", "1")
+    os.makedirs(checkpoint)
+    open(os.path.join(checkpoint, "marker"), "w").close()
+    for method in ("static", "exp_only"):
+        run = by_name[(method, 0)]
+        assert rp.share_warm_start(run, grid) == source.name
+        assert os.path.exists(os.path.join(run.workdir, "warm_start", "checkpoint", "1", "marker"))
+        assert rp.share_warm_start(run, grid) is None  # it has one now
+    assert rp.share_warm_start(by_name[("baseline", 0)], grid) is None
+    assert rp.share_warm_start(by_name[("static", 1)], grid) is None
+    assert not os.path.exists(by_name[("baseline", 0)].workdir + "/warm_start")
