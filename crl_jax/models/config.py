@@ -53,6 +53,11 @@ class DecoderConfig:
     param_dtype: str = "float32"
     dtype: str = "float32"
     remat: str = "none"
+    # Sum each weight matmul's contraction in chunks of this many terms, then the chunks (0: one
+    # dot). XLA's float32 dots on CPU accumulate about 1.5x less accurately than PyTorch's; with
+    # 64, SmolLM2-135M's logits go from 1.3e-4 to 5e-5 off a float64 reference (PyTorch float32:
+    # 6e-5). For parity checks on CPU: it materialises one partial product per chunk.
+    dot_chunk: int = 0
     bos_token_id: int | None = None
     eos_token_id: int | tuple[int, ...] | None = None
     pad_token_id: int | None = None
@@ -74,6 +79,8 @@ class DecoderConfig:
                 problems.append(f"{name} must be one of {sorted(DTYPES)}, got {getattr(self, name)!r}")
         if self.remat not in REMAT_POLICIES:
             problems.append(f"remat must be one of {REMAT_POLICIES}, got {self.remat!r}")
+        if not isinstance(self.dot_chunk, int) or self.dot_chunk < 0:
+            problems.append(f"dot_chunk must be an int >= 0, got {self.dot_chunk!r}")
         if self.model_type not in ("llama", "qwen2", "qwen3"):
             problems.append(f"model_type must be llama, qwen2 or qwen3, got {self.model_type!r}")
         if problems:

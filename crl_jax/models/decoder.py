@@ -148,8 +148,8 @@ class Decoder(nnx.Module):
             out = x
         else:
             head = self.embed.value.T if cfg.tie_embeddings else self.lm_head.value
-            out = jnp.einsum("btd,dv->btv", x, head.astype(cfg.compute_dtype),
-                             preferred_element_type=jnp.float32)
+            out = layers.dense("btd,dv->btv", x, head.astype(cfg.compute_dtype), cfg.dot_chunk,
+                               preferred_element_type=jnp.float32)
         if cache is None:
             return out
         # A row advances past its last real token; an all-padding chunk leaves it where it was.
@@ -170,14 +170,14 @@ def _run_layers(cfg, stacked: DecoderLayers, x, positions, attn_mask, cache, wri
     """Scan the transformer blocks. Returns the final hidden state and the updated (k, v) caches."""
     weights = {name: getattr(stacked, name).value for name in _layer_param_shapes(cfg)}
     inv_freq = layers.rope_inverse_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
-    dtype = cfg.compute_dtype
+    dtype, chunk = cfg.compute_dtype, cfg.dot_chunk
 
     def project(x, w):
         """Pre-norm q, k, v of one layer: q [B,T,N,H], k/v [B,T,K,H]."""
         h = layers.rms_norm(x, w["input_norm"], cfg.rms_norm_eps)
-        q = jnp.einsum("btd,dnh->btnh", h, w["wq"])
-        k = jnp.einsum("btd,dkh->btkh", h, w["wk"])
-        v = jnp.einsum("btd,dkh->btkh", h, w["wv"])
+        q = layers.dense("btd,dnh->btnh", h, w["wq"], chunk)
+        k = layers.dense("btd,dkh->btkh", h, w["wk"], chunk)
+        v = layers.dense("btd,dkh->btkh", h, w["wv"], chunk)
         if cfg.qkv_bias:
             q, k, v = q + w["bq"], k + w["bk"], v + w["bv"]
         if cfg.qk_norm:
@@ -187,14 +187,14 @@ def _run_layers(cfg, stacked: DecoderLayers, x, positions, attn_mask, cache, wri
 
     def finish(x, w, attn):
         """Output projection, residual and SwiGLU MLP of one layer."""
-        out = jnp.einsum("btnh,nhd->btd", attn, w["wo"])
+        out = layers.dense("btnh,nhd->btd", attn, w["wo"], chunk)
         if cfg.o_bias:
             out = out + w["bo"]
         x = x + out
         h = layers.rms_norm(x, w["post_attention_norm"], cfg.rms_norm_eps)
-        gate = jnp.einsum("btd,df->btf", h, w["w_gate"])
-        up = jnp.einsum("btd,df->btf", h, w["w_up"])
-        return x + jnp.einsum("btf,fd->btd", layers.silu(gate) * up, w["w_down"])
+        gate = layers.dense("btd,df->btf", h, w["w_gate"], chunk)
+        up = layers.dense("btd,df->btf", h, w["w_up"], chunk)
+        return x + layers.dense("btf,fd->btd", layers.silu(gate) * up, w["w_down"], chunk)
 
     def cast(w):
         return {name: value.astype(dtype) for name, value in w.items()}

@@ -161,3 +161,32 @@ def test_remat_policies_give_identical_gradients(qwen3_checkpoint):
         grads.append(jax.grad(loss)(params))
     for other in grads[1:]:
         jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), grads[0], other)
+
+
+def test_chunked_dots_keep_parity(checkpoint):
+    """dot_chunk changes how the weight matmuls are summed, not what they compute."""
+    arch, path, ref = checkpoint
+    tokens, mask, positions = padded_batch("left", np.random.default_rng(3))
+    model = models.from_pretrained(path, dot_chunk=16)   # 64 = 4 chunks, 96 = 6
+    ours = np.asarray(model(jnp.asarray(tokens), positions=jnp.asarray(positions),
+                            attention_mask=jnp.asarray(mask)))
+    want = torch_logits(ref, tokens, mask, positions)
+    np.testing.assert_allclose(ours[mask], want[mask], atol=1e-4)
+
+
+def test_dense_blocked_sum_is_closer_to_float64():
+    from crl_jax.models.layers import dense
+
+    rng = np.random.default_rng(0)
+    x = (3 * rng.standard_normal((2, 20, 8, 72))).astype(np.float32)   # contracts 8 x 72 = 576
+    w = (0.05 * rng.standard_normal((8, 72, 512))).astype(np.float32)
+    exact = np.einsum("btnh,nhd->btd", x.astype(np.float64), w.astype(np.float64))
+    plain = np.asarray(jax.jit(lambda a, b: dense("btnh,nhd->btd", a, b))(x, w))
+    chunked = np.asarray(jax.jit(lambda a, b: dense("btnh,nhd->btd", a, b, 64))(x, w))
+    assert chunked.shape == exact.shape
+    assert np.abs(chunked - exact).mean() < 0.6 * np.abs(plain - exact).mean()
+    # A contraction that is not a multiple of the chunk falls back to the single dot.
+    odd = np.asarray(dense("btnh,nhd->btd", x, w, 100))
+    np.testing.assert_array_equal(odd, np.asarray(dense("btnh,nhd->btd", x, w)))
+    with pytest.raises(ValueError, match="last axes"):
+        dense("bdt,df->btf", x[..., 0], w[0], 8)
