@@ -39,8 +39,8 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
 def dense(spec: str, x: jax.Array, w: jax.Array, chunk: int = 0, **kwargs) -> jax.Array:
     """`jnp.einsum(spec, x, w)` for a weight product whose contracted axes are the last of `x`
     and the first of `w` ("btnh,nhd->btd"). With `chunk` > 0 the contraction of K terms is summed
-    as K / chunk dots of `chunk` terms each, then across them: a blocked summation whose float32
-    rounding error is several times smaller than one long dot's on XLA's CPU backend
+    as K / chunk dots of `chunk` terms each, added one after another: a blocked summation whose
+    float32 rounding error is a fraction of one long dot's on XLA's CPU backend
     (DecoderConfig.dot_chunk). Falls back to the single dot when K is not a multiple of `chunk`."""
     if not chunk:
         return jnp.einsum(spec, x, w, **kwargs)
@@ -54,10 +54,15 @@ def dense(spec: str, x: jax.Array, w: jax.Array, chunk: int = 0, **kwargs) -> ja
     if k <= chunk or k % chunk:
         return jnp.einsum(spec, x, w, **kwargs)
     lead, tail = x.shape[:-n], w.shape[n:]
-    xs = x.reshape(lead + (k // chunk, chunk))
-    ws = w.reshape((k // chunk, chunk, math.prod(tail)))
-    partial = jnp.einsum("...jc,jcv->...jv", xs, ws, **kwargs)
-    return partial.sum(axis=-2).reshape(lead + tail)
+    xs = x.reshape(lead + (k,))
+    ws = w.reshape((k, math.prod(tail)))
+    # One dot per chunk, added in order: no [.., K / chunk, out] partial product is materialised.
+    out = None
+    for start in range(0, k, chunk):
+        part = jnp.einsum("...c,cv->...v", xs[..., start:start + chunk], ws[start:start + chunk],
+                          **kwargs)
+        out = part if out is None else out + part
+    return out.reshape(lead + tail)
 
 
 def silu(x: jax.Array) -> jax.Array:
