@@ -284,7 +284,8 @@ def summarise(runs: list[Run], seeds: int, out_dir: str) -> dict:
             "table": table_rows(group, tasks, seeds, rows_by_run),
             "actor_rollout_s": rollout_times(group, seeds, rows_by_run),
             "runs": [{"run": r.name, "state": r.state, "last_step": r.last_step, "steps": r.steps,
-                      "workdir": r.workdir} for r in group],
+                      # relative to the output dir, so results.json can be moved and committed
+                      "workdir": os.path.relpath(r.workdir, out_dir)} for r in group],
             "not_in_table": [r.name for r in group if r.state != "done"],
             "curves": png if drew else None,
         }

@@ -158,6 +158,14 @@ def test_workdir_of_another_config_is_stale_but_a_larger_budget_is_not(tmp_path)
     assert rr.run_state(run)[0] == "stale"
 
 
+def test_results_json_names_workdirs_relative_to_the_output(grid):
+    tmp_path, _, results = grid
+    runs = results["settings"]["three"]["runs"]
+    assert runs[0]["workdir"] == os.path.join("baseline", "seed0")
+    assert all(not os.path.isabs(r["workdir"]) for r in runs)
+    assert json.load(open(tmp_path / "results.json"))["settings"]["three"]["runs"] == runs
+
+
 def _load_reproduce():
     spec = importlib.util.spec_from_file_location(
         "reproduce", os.path.join(ROOT, "experiments", "reproduce.py"))
