@@ -153,26 +153,40 @@ def task_value(final: dict, prefix: str, task: str, tasks: tuple[str, ...]) -> f
     return value
 
 
+def _task_average(evaluation: dict | None, prefix: str, tasks: tuple[str, ...]) -> float | None:
+    """Success averaged over `tasks`, or None when the evaluation misses any of them."""
+    if evaluation is None:
+        return None
+    values = [task_value(evaluation, prefix, t, tasks) for t in tasks]
+    return None if None in values else float(np.mean(values))
+
+
 def table_rows(runs: list[Run], tasks: tuple[str, ...], seeds: int,
                rows_by_run: dict[str, list[dict]]) -> list[dict]:
     """Table 1's rows for one setting: final success per task and averaged over tasks. The average
-    is taken per seed (over the tasks that seed evaluated) and then summarised over seeds."""
+    is taken per seed (over the tasks that seed evaluated) and then summarised over seeds. Each
+    row also has the same average at the start (the evaluation before the first RL step, i.e.
+    after the warm start) and the per-seed change from there to the end."""
     out = []
     methods = {r.method for r in runs}
     for method, prefix, label in TABLE_ROWS:
         if method not in methods:
             continue
         done = [r for r in runs if r.method == method and r.state == "done"]
-        finals = [final_eval(rows_by_run[r.name], prefix) for r in done]
-        finals = [f for f in finals if f is not None]
+        pairs = [(final_eval(rows_by_run[r.name], prefix),
+                  final_eval(rows_by_run[r.name], f"{m.START}/{prefix}")) for r in done]
+        finals = [f for f, _ in pairs if f is not None]
         per_task = {t: stats([v for f in finals if (v := task_value(f, prefix, t, tasks)) is not None],
                              seeds) for t in tasks}
         # A seed enters the average only if it evaluated every task, so no task is dropped silently.
-        averages = [float(np.mean(vs)) for f in finals
-                    if None not in (vs := [task_value(f, prefix, t, tasks) for t in tasks])]
+        averages = [a for f in finals if (a := _task_average(f, prefix, tasks)) is not None]
+        starts = [(_task_average(f, prefix, tasks), _task_average(st, f"{m.START}/{prefix}", tasks))
+                  for f, st in pairs if f is not None]
         actions = [f[m.key(prefix, m.SUCCESS_ACTIONS)] for f in finals if m.key(prefix, m.SUCCESS_ACTIONS) in f]
         out.append({"method": method, "eval": prefix, "label": label, "per_task": per_task,
-                    "avg": stats(averages, seeds), "actions": stats(actions, seeds)})
+                    "avg": stats(averages, seeds), "actions": stats(actions, seeds),
+                    "start": stats([st for _, st in starts if st is not None], seeds),
+                    "change": stats([e - st for e, st in starts if None not in (e, st)], seeds)})
     return out
 
 
@@ -206,14 +220,19 @@ def _smooth(values: np.ndarray) -> np.ndarray:
 
 
 def seed_curves(runs: list[Run], rows_by_run: dict[str, list[dict]], name: str, smooth: bool,
-                from_step: int = 0):
-    """(steps, mean, std, n) of metric `name` over the finished runs, on the steps they all logged."""
+                from_step: int = 0, with_start: bool = False):
+    """(steps, mean, std, n) of metric `name` over the finished runs, on the steps they all logged.
+    `with_start` adds the run's `start/<name>` (logged before the first RL step) at step -1."""
     curves = []
     for r in runs:
         steps, values = series(rows_by_run[r.name], name)
         steps, values = steps[steps >= from_step], values[steps >= from_step]
         if len(steps):
-            curves.append(dict(zip(steps.tolist(), (_smooth(values) if smooth else values).tolist())))
+            curve = dict(zip(steps.tolist(), (_smooth(values) if smooth else values).tolist()))
+            _, start = series(rows_by_run[r.name], f"{m.START}/{name}")
+            if with_start and len(start):
+                curve[-1] = float(start[0])
+            curves.append(curve)
     if not curves:
         return None
     common = sorted(set.intersection(*(set(c) for c in curves)))
@@ -229,7 +248,7 @@ def plot_curves(path: str, setting: str, runs: list[Run], rows_by_run: dict[str,
     # (title, [(metric, label suffix, smoothed, first step drawn)]); step 0 of the rollout time
     # includes compilation and would flatten the rest.
     panels = [("Training success", [(m.TRAIN_SUCCESS, "", True, 0)]),
-              ("Test success (solid: w/ exp., dashed: w/o)",
+              ("Test success (-1: before RL; solid: w/ exp., dashed: w/o)",
                [(m.EVAL_WITH_EXP_SUCCESS, "w/ exp.", False, 0),
                 (m.EVAL_WITHOUT_EXP_SUCCESS, "w/o exp.", False, 0)]),
               ("Actions per training episode", [(m.TRAIN_ACTIONS, "", True, 0)]),
@@ -243,7 +262,8 @@ def plot_curves(path: str, setting: str, runs: list[Run], rows_by_run: dict[str,
         for method, (label, _) in METHODS.items():
             done = [r for r in runs if r.method == method and r.state == "done"]
             for name, suffix, smooth, from_step in keys:
-                curve = seed_curves(done, rows_by_run, name, smooth, from_step)
+                curve = seed_curves(done, rows_by_run, name, smooth, from_step,
+                                    with_start=name.startswith("eval/"))
                 if curve is None:
                     continue
                 steps, mean, std, n = curve
@@ -292,6 +312,8 @@ def summarise(runs: list[Run], seeds: int, out_dir: str) -> dict:
     return results
 
 
+START_NOTE = ("Average test success at the start (evaluated after the warm start, before the first "
+              "RL step), at the end, and the change per seed (end - start), mean ± spread:")
 ACTIONS_NOTE = ("Actions per successful episode at the final evaluation (`success_actions`; a run "
                 "with no success has none):")
 ROLLOUT_NOTE = ("Actor rollout seconds per step (`time/actor_rollout_s`; per run the median over the "
@@ -310,6 +332,9 @@ def _setting_markdown(setting: str, s: dict) -> list[str]:
     for row in s["table"]:
         cells = [cell(row["per_task"][t]) for t in tasks] + [cell(row["avg"])]
         out.append(f"| {row['label']} | " + " | ".join(cells) + " |")
+    out += ["", START_NOTE, "", "| Method | start | end | change |", "|---|---:|---:|---:|"]
+    out += [f"| {row['label']} | {cell(row['start'])} | {cell(row['avg'])} | {cell(row['change'])} |"
+            for row in s["table"]]
     out += ["", ACTIONS_NOTE, "", "| Method | actions |", "|---|---:|"]
     out += [f"| {row['label']} | {cell(row['actions'], 1)} |" for row in s["table"]]
     out += ["", ROLLOUT_NOTE, "", "| Method | s/step | ratio to baseline |", "|---|---:|---:|"]

@@ -25,13 +25,18 @@ def write_run(workdir, rng, prefixes) -> dict:
     """A finished run's metrics.jsonl (evaluations at steps 1 and 3) and report.md; returns the
     values it logged at the final evaluation and its rollout times."""
     os.makedirs(workdir)
-    final, rollout = {}, []
+    final, rollout, start = {}, [], {}
     with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
         for step in range(STEPS):
             row = {"step": step, "time": 1000.0 + step, "train/success": float(rng.uniform()),
                    "train/actions": float(rng.uniform(2, 8)),
                    "time/actor_rollout_s": float(rng.uniform(1, 2) + 30 * (step == 0))}
             rollout.append(row["time/actor_rollout_s"])
+            if step == 0:  # the evaluation before the first RL step
+                for prefix in prefixes:
+                    start[prefix] = {t: float(rng.uniform()) for t in TASKS}
+                    row.update({f"start/{prefix}/success/{t}": v for t, v in start[prefix].items()})
+                    row[f"start/{prefix}/success"] = float(np.mean(list(start[prefix].values())))
             if step in (1, 3):
                 for prefix in prefixes:
                     per_task = rng.uniform(size=len(TASKS))
@@ -44,7 +49,7 @@ def write_run(workdir, rng, prefixes) -> dict:
             f.write(json.dumps(row) + "\n")
         f.write('{"step": 4, "tim')  # a line cut by a kill must not count
     open(os.path.join(workdir, "report.md"), "w").close()
-    return {"final": final, "rollout": rollout}
+    return {"final": final, "rollout": rollout, "start": start}
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +96,11 @@ def test_table_cells_match_numpy(grid, method, prefix, seeds):
     np.testing.assert_allclose(row["avg"]["std"], per_seed_avg.std(ddof=1))
     actions = np.array([f[f"{prefix}/success_actions"] for f in finals])
     np.testing.assert_allclose(row["actions"]["mean"], actions.mean())
+    starts = np.array([np.mean(list(logged[f"three/{method}/seed{s}"]["start"][prefix].values()))
+                       for s in seeds])
+    np.testing.assert_allclose(row["start"]["mean"], starts.mean())
+    np.testing.assert_allclose(row["change"]["mean"], (per_seed_avg - starts).mean())
+    np.testing.assert_allclose(row["change"]["std"], (per_seed_avg - starts).std(ddof=1))
 
 
 def test_missing_runs_are_reported_as_missing_not_zero(grid):
