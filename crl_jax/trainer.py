@@ -497,7 +497,6 @@ class Trainer:
         inputs = WarmStartInputs(
             tokenizer=self.tokenizer, mesh=self.mesh, actor_state=self.actor_state, extractor_state=ext,
             train_tasks=self.train_tasks, max_turns=cfg.rollout.max_turns,
-            search_and_ask=cfg.rollout.search_and_ask and self.experience is not None,
             actor_max_len=cfg.rl.max_seq_len,
             extractor_room=cfg.extractor.cache_length - cfg.extractor.max_new_tokens,
             extractor_max_len=cfg.extractor.cache_length, seed=cfg.seed,

@@ -21,10 +21,12 @@ reported and the grid goes on; the exit status is then 1. After every run `<out>
 `--setting=NAME=CONFIG[:VARIANTS]` (repeatable) replaces the three settings, e.g. to run the grid
 on another config file.
 
-Runs of one setting and seed whose warm-start inputs are the same (Comp. RL, static, exp. only)
-share one warm start: before a run starts, a finished sibling's `warm_start/` folder is copied into
-its workdir. The trainer still checks the cache's config digest and recomputes on a mismatch, so a
-wrong copy costs time, never correctness. The methods then also start RL from identical weights.
+Every method of one setting and seed starts RL from the same warm-started actor (the warm start
+does not depend on how a run uses experience). Runs that also share the extractor's warm start
+(Comp. RL, static, exp. only) share the whole cache: before a run starts, a finished sibling's
+`warm_start/` folder is copied into its workdir. The trainer still checks the cache's config
+digest and recomputes on a mismatch, so a wrong copy costs time, never correctness. The baseline
+(no extractor) computes its actor's warm start itself, to the same weights.
 
 The child runs share a JAX compilation cache (`<out>/jax_cache` unless JAX_COMPILATION_CACHE_DIR is
 set) and default to JAX_PLATFORMS=cpu. Each child's output goes to `<workdir>/run.log`; its progress
@@ -110,8 +112,7 @@ def warm_start_key(config: dict) -> str:
     parts = {"warm_start": config["warm_start"], "tasks": config["tasks"], "seed": config["seed"],
              "actor": config["actor"], "extractor_model": config["extractor_model"],
              "tokenizer": config["tokenizer"], "max_turns": config["rollout"]["max_turns"],
-             "search_and_ask": config["rollout"]["search_and_ask"],
-             "memory": config["memory"]["enabled"]}
+             "memory": config["memory"]["enabled"]}  # with an extractor or not
     return json.dumps(parts, sort_keys=True)
 
 

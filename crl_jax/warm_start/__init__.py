@@ -7,8 +7,11 @@ Before the first RL step of a run whose models start from random weights:
      before each action (optional; cheap, and where reading the observation is learnt), then
      `actor_steps` steps on whole episodes (lessons, search calls, format in context);
   3. fine-tune the extractor on the scripted summariser's distillation, refinement and merge
-     replies for the same episodes (`extractor_steps` steps);
-and return the new parameters. The result is saved as an Orbax checkpoint in
+     replies for the same episodes (`extractor_steps` steps), if the run has one;
+and return the new parameters. Steps 1-2 do not depend on how the run later uses experience
+(the demos always show the search tool, whether or not the run offers it), so every method of a
+comparison on one seed (the GRPO baseline included) starts RL from the same actor, as the
+paper's methods all start from one pretrained model. The result is saved as an Orbax checkpoint in
 `<workdir>/warm_start` (with the losses and data counts as its host state) and reused by any later
 start of the same run; a cache written under a different configuration is recomputed. Training
 curves go to `<workdir>/warm_start/metrics.jsonl` and TensorBoard.
@@ -47,7 +50,6 @@ class WarmStartInputs:
     extractor_state: TrainState | None   # None: no extractor to fine-tune (memory disabled)
     train_tasks: list[dict]              # train-split task specs ({"env", "seed"})
     max_turns: int
-    search_and_ask: bool
     actor_max_len: int                   # longest actor sequence trained (rl.max_seq_len)
     extractor_room: int                  # extractor prompt budget (cache - new tokens)
     extractor_max_len: int
@@ -112,7 +114,7 @@ def train_supervised(name: str, state: TrainState, examples, *, steps: int, batc
 
 def _digest(cfg: WarmStartConfig, inputs: WarmStartInputs) -> str:
     return config_digest({"warm_start": dataclasses.asdict(cfg), **inputs.digest_extra,
-                          "max_turns": inputs.max_turns, "search_and_ask": inputs.search_and_ask,
+                          "max_turns": inputs.max_turns,
                           "seed": inputs.seed})
 
 
@@ -141,7 +143,7 @@ def run_warm_start(cfg: WarmStartConfig, inputs: WarmStartInputs, workdir: str):
              ", ".join(f"{e:g}" for e in cfg.epsilons))
     demos = demos_lib.collect_demos(
         tasks, max_turns=inputs.max_turns, epsilons=cfg.epsilons, guided_fraction=cfg.guided_fraction,
-        search_fraction=cfg.search_fraction, tools=inputs.search_and_ask, seed=inputs.seed)
+        search_fraction=cfg.search_fraction, tools=True, seed=inputs.seed)
     demo_stats = {"episodes": len(demos),
                   "success": float(np.mean([d.facts.success for d in demos])),
                   "actions": float(np.mean([d.facts.actions for d in demos])),
