@@ -175,6 +175,8 @@ def table_rows(runs: list[Run], tasks: tuple[str, ...], seeds: int,
         done = [r for r in runs if r.method == method and r.state == "done"]
         pairs = [(final_eval(rows_by_run[r.name], prefix),
                   final_eval(rows_by_run[r.name], f"{m.START}/{prefix}")) for r in done]
+        by_seed = {r.seed: a for r, (f, _) in zip(done, pairs)
+                   if (a := _task_average(f, prefix, tasks)) is not None}
         finals = [f for f, _ in pairs if f is not None]
         per_task = {t: stats([v for f in finals if (v := task_value(f, prefix, t, tasks)) is not None],
                              seeds) for t in tasks}
@@ -186,7 +188,18 @@ def table_rows(runs: list[Run], tasks: tuple[str, ...], seeds: int,
         out.append({"method": method, "eval": prefix, "label": label, "per_task": per_task,
                     "avg": stats(averages, seeds), "actions": stats(actions, seeds),
                     "start": stats([st for _, st in starts if st is not None], seeds),
-                    "change": stats([e - st for e, st in starts if None not in (e, st)], seeds)})
+                    "change": stats([e - st for e, st in starts if None not in (e, st)], seeds),
+                    "avg_by_seed": {str(k): v for k, v in sorted(by_seed.items())}})
+    base = next((r for r in out if r["method"] == "baseline"), None)
+    for row in out:
+        if base is None or row is base:
+            continue
+        common = sorted(set(row["avg_by_seed"]) & set(base["avg_by_seed"]))
+        diffs = [row["avg_by_seed"][s] - base["avg_by_seed"][s] for s in common]
+        row["vs_baseline"] = stats(diffs, seeds)
+        base_mean = float(np.mean([base["avg_by_seed"][s] for s in common])) if common else 0.0
+        row["vs_baseline"]["relative"] = (float(np.mean(diffs)) / base_mean
+                                          if diffs and base_mean > 0 else None)
     return out
 
 
@@ -314,6 +327,9 @@ def summarise(runs: list[Run], seeds: int, out_dir: str) -> dict:
 
 START_NOTE = ("Average test success at the start (evaluated after the warm start, before the first "
               "RL step), at the end, and the change per seed (end - start), mean ± spread:")
+PAIRED_NOTE = ("Paired with the baseline: per seed, the method's average test success minus the "
+               "baseline's on the same seed (both start RL from the same warm-started actor), mean "
+               "± spread over seeds; relative = mean difference / the baseline's mean on those seeds:")
 ACTIONS_NOTE = ("Actions per successful episode at the final evaluation (`success_actions`; a run "
                 "with no success has none):")
 ROLLOUT_NOTE = ("Actor rollout seconds per step (`time/actor_rollout_s`; per run the median over the "
@@ -335,6 +351,13 @@ def _setting_markdown(setting: str, s: dict) -> list[str]:
     out += ["", START_NOTE, "", "| Method | start | end | change |", "|---|---:|---:|---:|"]
     out += [f"| {row['label']} | {cell(row['start'])} | {cell(row['avg'])} | {cell(row['change'])} |"
             for row in s["table"]]
+    paired = [row for row in s["table"] if "vs_baseline" in row]
+    if paired:
+        out += ["", PAIRED_NOTE, "", "| Method | difference | relative |", "|---|---:|---:|"]
+        for row in paired:
+            d = row["vs_baseline"]
+            rel = f"{d['relative']:+.0%}" if d.get("relative") is not None else "—"
+            out.append(f"| {row['label']} | {cell(d)} | {rel} |")
     out += ["", ACTIONS_NOTE, "", "| Method | actions |", "|---|---:|"]
     out += [f"| {row['label']} | {cell(row['actions'], 1)} |" for row in s["table"]]
     out += ["", ROLLOUT_NOTE, "", "| Method | s/step | ratio to baseline |", "|---|---:|---:|"]

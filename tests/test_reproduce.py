@@ -101,6 +101,16 @@ def test_table_cells_match_numpy(grid, method, prefix, seeds):
     np.testing.assert_allclose(row["start"]["mean"], starts.mean())
     np.testing.assert_allclose(row["change"]["mean"], (per_seed_avg - starts).mean())
     np.testing.assert_allclose(row["change"]["std"], (per_seed_avg - starts).std(ddof=1))
+    if method != "baseline":  # paired by seed with the baseline, on the seeds both finished
+        base = np.array([np.mean([logged[f"three/baseline/seed{s}"]["final"]["eval/without_exp"]
+                                  [f"eval/without_exp/success/{t}"] for t in TASKS]) for s in seeds])
+        diff = row["vs_baseline"]
+        assert diff["n"] == len(seeds)
+        np.testing.assert_allclose(diff["mean"], (per_seed_avg - base).mean())
+        np.testing.assert_allclose(diff["std"], (per_seed_avg - base).std(ddof=1))
+        np.testing.assert_allclose(diff["relative"], (per_seed_avg - base).mean() / base.mean())
+    else:
+        assert "vs_baseline" not in row
 
 
 def test_missing_runs_are_reported_as_missing_not_zero(grid):
