@@ -173,23 +173,22 @@ def table_rows(runs: list[Run], tasks: tuple[str, ...], seeds: int,
         if method not in methods:
             continue
         done = [r for r in runs if r.method == method and r.state == "done"]
-        pairs = [(final_eval(rows_by_run[r.name], prefix),
-                  final_eval(rows_by_run[r.name], f"{m.START}/{prefix}")) for r in done]
-        by_seed = {r.seed: a for r, (f, _) in zip(done, pairs)
-                   if (a := _task_average(f, prefix, tasks)) is not None}
-        finals = [f for f, _ in pairs if f is not None]
+        evaluations = [(r.seed, final_eval(rows_by_run[r.name], prefix),
+                        final_eval(rows_by_run[r.name], f"{m.START}/{prefix}")) for r in done]
+        finals = [f for _, f, _ in evaluations if f is not None]
         per_task = {t: stats([v for f in finals if (v := task_value(f, prefix, t, tasks)) is not None],
                              seeds) for t in tasks}
         # A seed enters the average only if it evaluated every task, so no task is dropped silently.
-        averages = [a for f in finals if (a := _task_average(f, prefix, tasks)) is not None]
-        starts = [(_task_average(f, prefix, tasks), _task_average(st, f"{m.START}/{prefix}", tasks))
-                  for f, st in pairs if f is not None]
+        ends = {seed: a for seed, f, _ in evaluations
+                if (a := _task_average(f, prefix, tasks)) is not None}
+        starts = {seed: a for seed, _, st in evaluations
+                  if (a := _task_average(st, f"{m.START}/{prefix}", tasks)) is not None}
         actions = [f[m.key(prefix, m.SUCCESS_ACTIONS)] for f in finals if m.key(prefix, m.SUCCESS_ACTIONS) in f]
         out.append({"method": method, "eval": prefix, "label": label, "per_task": per_task,
-                    "avg": stats(averages, seeds), "actions": stats(actions, seeds),
-                    "start": stats([st for _, st in starts if st is not None], seeds),
-                    "change": stats([e - st for e, st in starts if None not in (e, st)], seeds),
-                    "avg_by_seed": {str(k): v for k, v in sorted(by_seed.items())}})
+                    "avg": stats(list(ends.values()), seeds), "actions": stats(actions, seeds),
+                    "start": stats(list(starts.values()), seeds),
+                    "change": stats([ends[k] - starts[k] for k in ends if k in starts], seeds),
+                    "avg_by_seed": {str(k): v for k, v in sorted(ends.items())}})
     base = next((r for r in out if r["method"] == "baseline"), None)
     for row in out:
         if base is None or row is base:
@@ -242,9 +241,10 @@ def seed_curves(runs: list[Run], rows_by_run: dict[str, list[dict]], name: str, 
         steps, values = steps[steps >= from_step], values[steps >= from_step]
         if len(steps):
             curve = dict(zip(steps.tolist(), (_smooth(values) if smooth else values).tolist()))
-            _, start = series(rows_by_run[r.name], f"{m.START}/{name}")
-            if with_start and len(start):
-                curve[-1] = float(start[0])
+            if with_start:
+                _, start = series(rows_by_run[r.name], f"{m.START}/{name}")
+                if len(start):
+                    curve[-1] = float(start[0])
             curves.append(curve)
     if not curves:
         return None
