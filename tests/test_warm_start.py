@@ -11,7 +11,7 @@ from crl_jax.config import ConfigError, WarmStartConfig, from_dict
 from crl_jax.memory import ops, prompts
 from crl_jax.rl.sft import make_sft_step, sft_batch
 from crl_jax.rollout.extractor import prompt_ids
-from crl_jax.rl.state import OptimizerConfig, TrainState, create_sharded_state, make_optimizer
+from crl_jax.rl.state import OptimizerConfig, create_sharded_state, make_optimizer
 from crl_jax.rollout.vocabulary import build_tokenizer
 from crl_jax.warm_start import WarmStartInputs, demos, length_bucket, lessons, run_warm_start
 
