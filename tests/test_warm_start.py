@@ -193,7 +193,8 @@ def test_run_warm_start_trains_and_reuses_its_cache(short_tokenizer, tmp_path):
 
     def inputs(a, e):
         # Prompts longer than the extractor's budget are cut (here: all distillation prompts).
-        return WarmStartInputs(tokenizer, mesh, a, e, tasks, max_turns=4, actor_max_len=256, extractor_room=150, extractor_max_len=256, seed=0,
+        return WarmStartInputs(tokenizer, mesh, a, e, tasks, max_turns=4, actor_max_len=256,
+                               extractor_room=150, extractor_max_len=256, seed=0,
                                digest_extra={"tasks": [SHORT]})
 
     actor_params, ext_params, summary = run_warm_start(cfg, inputs(actor, extractor), str(tmp_path))
@@ -222,8 +223,9 @@ def test_run_warm_start_trains_and_reuses_its_cache(short_tokenizer, tmp_path):
     other = WarmStartConfig(**{**cfg.__dict__, "actor_steps": 3})
     _, _, summary3 = run_warm_start(other, inputs(actor3, ext3), str(tmp_path))
     assert summary3["actor"]["steps"] == 3
-    # A run without an extractor (the GRPO baseline) starts from the very same actor: the warm
-    # start is the pretrained model every method of a comparison shares.
+    # A run without an extractor (the GRPO baseline) starts from the very same actor: nothing the
+    # actor's part uses depends on the extractor (and WarmStartInputs no longer carries any
+    # experience setting that could), so every method of a comparison shares it.
     _, actor4 = _nano_state(tokenizer, seed=0)
     baseline_params, none, _ = run_warm_start(cfg, inputs(actor4, None), str(tmp_path / "baseline"))
     assert none is None
