@@ -1,0 +1,54 @@
+"""The experiment configs fit their tasks: within each setting's turn limit the scripted expert
+solves its tasks, and its episodes (with an injected entry and a search call, the longest prompts
+the actor sees) fit the context, so no run is capped by its own sizes rather than by its actor."""
+
+import os
+
+import numpy as np
+import pytest
+
+from crl_jax import envs
+from crl_jax.config_loading import load_config
+from crl_jax.rollout.vocabulary import build_tokenizer
+from crl_jax.warm_start import demos, lessons
+
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments",
+                          "configs")
+SETTINGS = ("single_task.py", "multi_task.py:three", "multi_task.py:six")
+SEEDS = range(20)
+MIN_EXPERT_SUCCESS = 0.6  # the maze, key room and Sokoban at 10 turns: 0.65-0.8 over 30 seeds
+
+
+@pytest.mark.parametrize("spec", SETTINGS)
+def test_the_expert_solves_the_tasks_within_the_turns_and_context(spec):
+    cfg = load_config(spec, config_dir=CONFIG_DIR)
+    tokenizer = build_tokenizer(cfg.tasks)
+    room = cfg.rollout.cache_length - cfg.rollout.max_new_tokens
+    for name in cfg.tasks:
+        env = envs.make(name)
+        try:
+            solved, longest = [], 0
+            for seed in SEEDS:
+                demo = demos.play_demo(env, name, 10_000 + seed, 0.0, np.random.default_rng(seed),
+                                       max_turns=cfg.rollout.max_turns, entry=lessons.expert_lesson(name),
+                                       tools=True, search=True)
+                solved.append(demo.facts.success)
+                longest = max(longest, len(tokenizer.encode_chat(demo.messages).ids))
+        finally:
+            env.close()
+        assert np.mean(solved) >= MIN_EXPERT_SUCCESS, (name, np.mean(solved), cfg.rollout.max_turns)
+        assert longest <= room, (name, longest, cfg.rollout.cache_length)
+    assert cfg.rl.max_seq_len >= cfg.rollout.cache_length
+
+
+def test_mixture_variants_compose():
+    six_baseline = load_config("multi_task.py:six,baseline", config_dir=CONFIG_DIR)
+    three = load_config("multi_task.py", config_dir=CONFIG_DIR)
+    dark = load_config("multi_task.py:dark,six", config_dir=CONFIG_DIR)
+    single = load_config("single_task.py", config_dir=CONFIG_DIR)
+    assert len(three.tasks) == 3 and len(six_baseline.tasks) == 6
+    assert three.tasks[0] == single.tasks[0]  # the same room as the single task
+    assert not six_baseline.memory.enabled and six_baseline.rollout.max_turns == 10
+    assert dark.tasks[0] == "minihack/room-ultimate-5x5" and dark.tasks[1:] == six_baseline.tasks[1:]
+    # An equal episode budget per step for every mixture.
+    assert three.rollout.groups_per_step == six_baseline.rollout.groups_per_step
