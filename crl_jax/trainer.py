@@ -273,7 +273,8 @@ class Trainer:
         warm = step < cfg.memory.warmup_steps if self.experience is not None else False
         if self.experience is not None and cfg.memory.merge_every and step > 0:
             merged = self.experience.merge(self.extractor_state.params, step)
-            metrics["bank/merge_calls"] = float(len(merged))
+            if merged["calls"]:
+                metrics.update({f"bank/merge_{k}": float(v) for k, v in merged.items()})
         # Extractor work on the critical path: waiting for last step's distillation, merging,
         # and (below) distilling in the foreground.
         extractor_s = time.perf_counter() - started
