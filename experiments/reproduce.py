@@ -141,7 +141,8 @@ def launch(run: Run, spec: str, steps: int | None, env: dict) -> int:
     os.makedirs(run.workdir, exist_ok=True)
     cmd = command(run, spec, steps)
     tail = collections.deque(maxlen=TAIL_LINES)
-    with open(os.path.join(run.workdir, "run.log"), "a", encoding="utf-8") as log:
+    # Line-buffered, so `tail -f run.log` follows a running child.
+    with open(os.path.join(run.workdir, "run.log"), "a", encoding="utf-8", buffering=1) as log:
         log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n")
         process = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                    stderr=subprocess.STDOUT, text=True, bufsize=1)
