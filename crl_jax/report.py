@@ -236,7 +236,14 @@ def _bank_section(rows: list[dict]) -> list[str]:
                      f"{int(_sum(rows, m.BANK_REFINEMENTS))}")
     merges = _sum(rows, "bank/merge_calls")
     if merges:
-        lines.append(f"- merge calls: {int(merges)}")
+        prefix = "bank/merge_outcome/"
+        outcomes = {k[len(prefix):]: _sum(rows, k) for k in sorted({k for r in rows for k in r})
+                    if k.startswith(prefix)}
+        lines.append(f"- merge calls: {int(merges)}"
+                     + (" (by outcome: " + ", ".join(f"{k} {int(v)}" for k, v in outcomes.items() if v) + ")"
+                        if outcomes else "")
+                     + f"; entries merged away: {int(_sum(rows, 'bank/merge_removed'))}, written: "
+                       f"{int(_sum(rows, 'bank/merge_written'))}")
     return ["", "## Experience bank", "", *lines]
 
 

@@ -46,7 +46,7 @@ from crl_jax.rollout.task_stream import TaskStream
 from crl_jax.rollout.trajectory import EpisodeSpec, generations_batch, to_policy_batch
 from crl_jax.sampling import Sampler, SamplerSpec
 from crl_jax.tokenizer import Tokenizer
-from crl_jax.warm_start import WarmStartInputs, length_bucket, run_warm_start
+from crl_jax.warm_start import WarmStartInputs, cache_identity, length_bucket, run_warm_start
 
 log = logging.getLogger("crl_jax")
 
@@ -273,7 +273,8 @@ class Trainer:
         warm = step < cfg.memory.warmup_steps if self.experience is not None else False
         if self.experience is not None and cfg.memory.merge_every and step > 0:
             merged = self.experience.merge(self.extractor_state.params, step)
-            metrics["bank/merge_calls"] = float(len(merged))
+            if merged["calls"]:
+                metrics.update({f"bank/merge_{k}": float(v) for k, v in merged.items()})
         # Extractor work on the critical path: waiting for last step's distillation, merging,
         # and (below) distilling in the foreground.
         extractor_s = time.perf_counter() - started
@@ -500,8 +501,7 @@ class Trainer:
             actor_max_len=cfg.rl.max_seq_len,
             extractor_room=cfg.extractor.cache_length - cfg.extractor.max_new_tokens,
             extractor_max_len=cfg.extractor.cache_length, seed=cfg.seed,
-            digest_extra={"tasks": list(cfg.tasks), "actor": repr(cfg.actor),
-                          "extractor": repr(cfg.extractor_model), "tokenizer": self.tokenizer.vocab_size},
+            identity=cache_identity(cfg),
             extractor_mesh=self.extractor_mesh)
         actor_params, extractor_params, summary = run_warm_start(cfg.warm_start, inputs, self.workdir)
         self.actor_state = self.actor_state.replace(params=actor_params)

@@ -24,8 +24,10 @@ on another config file.
 Every method of one setting and seed starts RL from the same warm-started actor (the warm start
 does not depend on how a run uses experience). Runs that also share the extractor's warm start
 (Comp. RL, static, exp. only) share the whole cache: before a run starts, a finished sibling's
-`warm_start/` folder is copied into its workdir. The trainer still checks the cache's config
-digest and recomputes on a mismatch, so a wrong copy costs time, never correctness. The baseline
+`warm_start/` folder is copied into its workdir when their `warm_start.cache_identity` is equal,
+the function the trainer keys the cache on. The trainer still checks the cache's digest (which
+also covers the built vocabulary's size) and recomputes on a mismatch, so a wrong copy costs
+time, never correctness. The baseline
 (no extractor) computes its actor's warm start itself, to the same weights.
 
 The child runs share a JAX compilation cache (`<out>/jax_cache` unless JAX_COMPILATION_CACHE_DIR is
@@ -52,6 +54,7 @@ sys.path.insert(0, _HERE)
 
 from crl_jax.config import ConfigError, to_dict  # noqa: E402
 from crl_jax.config_loading import load_config  # noqa: E402
+from crl_jax.warm_start import cache_identity  # noqa: E402
 
 import reproduce_results as results_lib  # noqa: E402
 from reproduce_results import METHODS, STATUS_FILE, Run  # noqa: E402
@@ -98,22 +101,13 @@ def plan(settings: dict[str, str], methods: list[str], seeds: list[int], steps: 
                 run = Run(setting, method, seed, os.path.join(out, setting, method, f"seed{seed}"),
                           steps=cfg.steps, tasks=tuple(cfg.tasks),
                           episodes_per_step=cfg.rollout.groups_per_step * cfg.rollout.group_size,
-                          config=json.loads(json.dumps(to_dict(cfg))))  # tuples as config.json has them
+                          config=json.loads(json.dumps(to_dict(cfg))),  # tuples as config.json has them
+                          warm_start_identity=cache_identity(cfg))
                 run.state, run.last_step = results_lib.run_state(run)
                 grid.append((run, spec))
     if problems:
         raise ConfigError(problems)
     return grid
-
-
-def warm_start_key(config: dict) -> str:
-    """What the trainer's warm-start cache depends on (trainer.Trainer.warm_start), from a run's
-    config: runs with equal keys can share one warm start."""
-    parts = {"warm_start": config["warm_start"], "tasks": config["tasks"], "seed": config["seed"],
-             "actor": config["actor"], "extractor_model": config["extractor_model"],
-             "tokenizer": config["tokenizer"], "max_turns": config["rollout"]["max_turns"],
-             "memory": config["memory"]["enabled"]}  # with an extractor or not
-    return json.dumps(parts, sort_keys=True)
 
 
 def _warm_start_done(workdir: str) -> bool:
@@ -122,14 +116,14 @@ def _warm_start_done(workdir: str) -> bool:
 
 
 def share_warm_start(run: Run, runs: list[Run]) -> str | None:
-    """Copy a finished warm start from a run with the same warm-start key into `run`'s workdir,
-    unless it has one; returns the source run's name, or None."""
+    """Copy a finished warm start from a run with the same `warm_start.cache_identity` (the one
+    the trainer keys its cache on) into `run`'s workdir, unless it has one; returns the source
+    run's name, or None."""
     if os.path.exists(os.path.join(run.workdir, "warm_start")):
         return None
-    key = warm_start_key(run.config)
     for other in runs:
         if (other is not run and _warm_start_done(other.workdir)
-                and warm_start_key(other.config) == key):
+                and other.warm_start_identity == run.warm_start_identity):
             os.makedirs(run.workdir, exist_ok=True)
             shutil.copytree(os.path.join(other.workdir, "warm_start"),
                             os.path.join(run.workdir, "warm_start"))
@@ -147,7 +141,8 @@ def launch(run: Run, spec: str, steps: int | None, env: dict) -> int:
     os.makedirs(run.workdir, exist_ok=True)
     cmd = command(run, spec, steps)
     tail = collections.deque(maxlen=TAIL_LINES)
-    with open(os.path.join(run.workdir, "run.log"), "a", encoding="utf-8") as log:
+    # Line-buffered, so `tail -f run.log` follows a running child.
+    with open(os.path.join(run.workdir, "run.log"), "a", encoding="utf-8", buffering=1) as log:
         log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n")
         process = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                    stderr=subprocess.STDOUT, text=True, bufsize=1)

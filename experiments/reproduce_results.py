@@ -63,6 +63,7 @@ class Run:
     state: str = MISSING          # "done", "partial", "failed", "stale" or "missing"
     last_step: int = -1           # last step in its metrics log (-1: none)
     config: dict | None = None    # the run's config as JSON, to tell a stale workdir (None: no check)
+    warm_start_identity: dict | None = None  # warm_start.cache_identity: runs with equal ones share it
 
     @property
     def name(self) -> str:

@@ -246,3 +246,16 @@ def test_report_before_after_gives_the_change_and_its_standard_error(tmp_path):
     md = open(report.write_report(wd)).read()
     # sqrt(0.25 * 0.75 / 100 + 0.5 * 0.5 / 100) = 0.0661
     assert _table_row(md, m.EVAL_WITHOUT_EXP) == ["0.25", "4", "100", "1", "0.5", "3", "100", "+0.250 ± 0.066"]
+
+
+def test_report_sums_merge_calls_and_their_outcomes(tmp_path):
+    wd = str(tmp_path)
+    with m.MetricsWriter(wd, enabled=True) as w:
+        w.write(0, {m.BANK_SIZE: 6.0})
+        w.write(5, {m.BANK_SIZE: 4.0, "bank/merge_calls": 3.0, "bank/merge_removed": 3.0,
+                    "bank/merge_written": 1.0, "bank/merge_outcome/ok": 1.0, "bank/merge_outcome/return": 2.0})
+        w.write(10, {m.BANK_SIZE: 4.0, "bank/merge_calls": 2.0, "bank/merge_removed": 0.0,
+                     "bank/merge_written": 0.0, "bank/merge_outcome/no_items": 2.0})
+    md = open(report.write_report(wd)).read()
+    assert ("- merge calls: 5 (by outcome: no_items 2, ok 1, return 2); entries merged away: 3, "
+            "written: 1") in md

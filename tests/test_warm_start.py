@@ -1,6 +1,8 @@
 """Warm start: scripted demos in the actor loop's exact format, well-formed extractor targets, the
 supervised step against a numpy NLL, and the cached result reused."""
 
+import os
+
 import jax
 import numpy as np
 import pytest
@@ -8,12 +10,14 @@ from flax import nnx
 
 from crl_jax import envs, models, sharding
 from crl_jax.config import ConfigError, WarmStartConfig, from_dict
+from crl_jax.config_loading import load_config
 from crl_jax.memory import ops, prompts
 from crl_jax.rl.sft import make_sft_step, sft_batch
 from crl_jax.rollout.extractor import prompt_ids
 from crl_jax.rl.state import OptimizerConfig, create_sharded_state, make_optimizer
 from crl_jax.rollout.vocabulary import build_tokenizer
-from crl_jax.warm_start import WarmStartInputs, demos, length_bucket, lessons, run_warm_start
+from crl_jax.warm_start import (WarmStartInputs, cache_identity, demos, length_bucket, lessons,
+                               run_warm_start)
 
 TASK = "sokoban/6x6-2box"   # a real environment: fast to reset, has a scripted expert
 SHORT = "test/corridor"     # short prompts, so the JAX tests compile one small shape
@@ -195,7 +199,7 @@ def test_run_warm_start_trains_and_reuses_its_cache(short_tokenizer, tmp_path):
         # Prompts longer than the extractor's budget are cut (here: all distillation prompts).
         return WarmStartInputs(tokenizer, mesh, a, e, tasks, max_turns=4, actor_max_len=256,
                                extractor_room=150, extractor_max_len=256, seed=0,
-                               digest_extra={"tasks": [SHORT]})
+                               identity={"tasks": [SHORT]})
 
     actor_params, ext_params, summary = run_warm_start(cfg, inputs(actor, extractor), str(tmp_path))
     assert summary["actor"]["steps"] == 4 and summary["extractor"]["steps"] == 2
@@ -232,3 +236,26 @@ def test_run_warm_start_trains_and_reuses_its_cache(short_tokenizer, tmp_path):
     for a, b in zip(jax.tree.leaves(jax.device_get(actor_params)),
                     jax.tree.leaves(jax.device_get(baseline_params))):
         np.testing.assert_array_equal(a, b)
+
+
+def test_cache_identity_ignores_how_experience_is_used_only():
+    """Runs that differ only in how they use experience share a warm start; anything the warm
+    start reads (its settings, the seed, the models, the turn limit, the lengths) separates them."""
+    config_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                              "experiments", "configs")
+
+    def identity(spec, *overrides):
+        return cache_identity(load_config(spec, overrides, config_dir=config_dir))
+
+    crl = identity("single_task.py")
+    for same in ("single_task.py:static", "single_task.py:exp_only", "single_task.py:no_search",
+                 "single_task.py:no_merge", "single_task.py:no_split"):
+        assert identity(same) == crl, same
+    assert identity("single_task.py", "steps=3", "eval.tasks_per_env=4") == crl
+    assert identity("single_task.py:baseline") != crl  # no extractor to fine-tune
+    for override in ("seed=1", "warm_start.window_steps=10", "rollout.max_turns=4", "rl.max_seq_len=1024",
+                     "extractor.cache_length=640", "actor.preset=nano"):
+        assert identity("single_task.py", override) != crl, override
+    # The actor's part is shared with the baseline: the two differ only in the extractor.
+    baseline = identity("single_task.py:baseline")
+    assert {k: v for k, v in crl.items() if not k.startswith("extractor")} == {**baseline, "with_extractor": True}

@@ -85,7 +85,9 @@ class ExperienceService:
         self.stats.update(reasons)
         return dict(reasons)
 
-    def merge(self, params, step: int) -> dict[str, tuple[int, int]]:
+    def merge(self, params, step: int) -> dict[str, int]:
+        """Run the periodic merge if `step` is due; returns its counts: extractor `calls`, entries
+        `removed` and `written`, and `outcome/<reason>` per call (ok, return, unparsable, ...)."""
         calls = [0]
 
         def generate(messages):
@@ -95,4 +97,16 @@ class ExperienceService:
                                                    kind="merge")
             return text, gen
 
-        return self.manager.maybe_merge(step, generate)
+        before = self._merge_outcomes()
+        merged = self.manager.maybe_merge(step, generate)
+        after = self._merge_outcomes()
+        out = {"calls": calls[0], "removed": sum(r for r, _ in merged.values()),
+               "written": sum(w for _, w in merged.values())}
+        # The manager's counters are cumulative; only merges write the "merge_" ones, and merges
+        # run on this thread, so the difference is this pass's.
+        out.update({f"outcome/{k}": n - before.get(k, 0) for k, n in after.items() if n != before.get(k, 0)})
+        return out
+
+    def _merge_outcomes(self) -> dict[str, int]:
+        with self.manager.lock:
+            return {k[len("merge_"):]: n for k, n in self.manager.reasons.items() if k.startswith("merge_")}

