@@ -27,8 +27,8 @@ does not depend on how a run uses experience). Runs that also share the extracto
 `warm_start/` folder is copied into its workdir when their `warm_start.cache_identity` is equal,
 the function the trainer keys the cache on. The trainer still checks the cache's digest (which
 also covers the built vocabulary's size) and recomputes on a mismatch, so a wrong copy costs
-time, never correctness. The baseline
-(no extractor) computes its actor's warm start itself, to the same weights.
+time, never correctness. The baseline (no extractor) computes its actor's warm start itself, to
+the same weights.
 
 The child runs share a JAX compilation cache (`<out>/jax_cache` unless JAX_COMPILATION_CACHE_DIR is
 set) and default to JAX_PLATFORMS=cpu. Each child's output goes to `<workdir>/run.log`; its progress
@@ -119,7 +119,7 @@ def share_warm_start(run: Run, runs: list[Run]) -> str | None:
     """Copy a finished warm start from a run with the same `warm_start.cache_identity` (the one
     the trainer keys its cache on) into `run`'s workdir, unless it has one; returns the source
     run's name, or None."""
-    if os.path.exists(os.path.join(run.workdir, "warm_start")):
+    if run.warm_start_identity is None or os.path.exists(os.path.join(run.workdir, "warm_start")):
         return None
     for other in runs:
         if (other is not run and _warm_start_done(other.workdir)
