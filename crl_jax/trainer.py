@@ -29,11 +29,12 @@ from flax import nnx
 from crl_jax import distributed, envs, models, roles, sharding
 from crl_jax import metrics as metrics_lib
 from crl_jax.checkpoint import Checkpointer, config_digest
-from crl_jax.config import RunConfig
+from crl_jax.config import ConfigError, RunConfig
 from crl_jax.envs.runner import GuardedEnv
 from crl_jax.memory import bank as bank_lib
 from crl_jax.memory.manager import MemoryConfig as BankConfig, MemoryManager
 from crl_jax.memory.search import SearchConfig, jit_bank_fns
+from crl_jax.rl import aot, memory_fit
 from crl_jax.rl.batch import TrainBatch
 from crl_jax.rl.losses import LossConfig
 from crl_jax.rl.state import OptimizerConfig, TrainState, make_optimizer, state_shardings
@@ -451,8 +452,32 @@ class Trainer:
         log.info("restored checkpoint of step %d from %s", step, self.checkpointer.directory)
         return int(host["next_step"])
 
+    def check_update_fits(self) -> None:
+        """Compile the update at its largest shapes (abstract inputs: nothing is allocated or run)
+        and raise a ConfigError if it cannot fit on one device, so an oversized run stops here
+        rather than at its first update, after the warm start. Checked for the colocated
+        single-host update; role-split and multi-host updates compile per role and host."""
+        if self.hosts or self.extractor_mesh is not self.mesh:
+            return
+        r, e = self.cfg.rollout, self.cfg.extractor
+        rows = r.groups_per_step * r.group_size
+        extractor = (aot.abstract_batch(e.batch_size, e.cache_length)
+                     if self.experience is not None and e.train else None)
+        batch = TrainBatch(aot.abstract_batch(rows, self.cfg.rl.max_seq_len), extractor)
+        step = make_train_step(self.train_cfg, self.mesh, self.actor_state, self.extractor_state, batch)
+        short = memory_fit.shortfall(step.lower(self.actor_state, self.extractor_state, batch).compile(),
+                                     self.mesh.devices.flat[0])
+        if short:
+            need, have = (b / 2**30 for b in short)
+            raise ConfigError([
+                f"rl.micro_batches: the update of {rows} actor sequences x {self.cfg.rl.max_seq_len} "
+                f"tokens (rl.max_seq_len) needs {need:.1f} GiB on one device, which holds "
+                f"{have:.1f} GiB; raise rl.micro_batches (now {self.cfg.rl.micro_batches}; it must "
+                f"divide {rows}) or lower rl.max_seq_len"])
+
     def run(self) -> dict:
         cfg = self.cfg
+        self.check_update_fits()
         start = self.restore()
         writer = metrics_lib.MetricsWriter(self.workdir)
         writer.resume_from(start - 1) if start > 0 else writer.resume_from(-1)

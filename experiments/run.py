@@ -4,7 +4,7 @@
 with variants after a colon (`single_task.py:baseline`); `--config.section.key=value` overrides
 any setting; `--workdir` chooses where checkpoints, logs and the report go. A run restarted with
 the same workdir resumes from its newest valid checkpoint. A bad config is reported one line per
-problem, before any compute, with exit status 2.
+problem, before any training, with exit status 2.
 
 Multi-host: set CRL_JAX_DISTRIBUTED=1 (launch_tpu.sh does) to call jax.distributed.initialize()
 (see crl_jax/distributed.py; CRL_JAX_COORDINATOR, CRL_JAX_NUM_PROCESSES and CRL_JAX_PROCESS_ID
@@ -45,16 +45,18 @@ def main(argv: list[str]) -> None:
 
     try:
         cfg = load_config(spec, overrides, config_dir=os.path.join(_HERE, "configs"))
+        from crl_jax import distributed
+
+        distributed.initialize_from_env()
+        from crl_jax import trainer
+
+        # The trainer raises ConfigError too, for what only the built run can tell (e.g. an
+        # update that does not fit in device memory), before any training.
+        trainer.main(cfg, workdir)
     except ConfigError as err:
         for problem in err.problems:
             print(f"config error: {problem}", file=sys.stderr)
         sys.exit(2)
-    from crl_jax import distributed
-
-    distributed.initialize_from_env()
-    from crl_jax import trainer
-
-    trainer.main(cfg, workdir)
 
 
 if __name__ == "__main__":

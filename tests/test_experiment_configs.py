@@ -52,3 +52,39 @@ def test_mixture_variants_compose():
     assert dark.tasks[0] == "minihack/room-ultimate-5x5" and dark.tasks[1:] == six_baseline.tasks[1:]
     # An equal episode budget per step for every mixture.
     assert three.rollout.groups_per_step == six_baseline.rollout.groups_per_step
+
+
+def _update_peak_gib(cfg, micro_batches: int) -> float:
+    """The compiled actor + extractor update's live peak on one CPU device, at the run's largest
+    shapes (abstract inputs: nothing is allocated)."""
+    import dataclasses
+
+    import jax
+
+    from crl_jax import models, sharding
+    from crl_jax.rl import aot, memory_fit
+    from crl_jax.rl.batch import TrainBatch
+    from crl_jax.rl.state import OptimizerConfig
+    from crl_jax.rl.train_step import TrainConfig, make_train_step
+
+    vocab = build_tokenizer(cfg.tasks).vocab_size
+    actor = aot.abstract_state(models.get_preset(cfg.actor.preset, vocab_size=vocab), OptimizerConfig())
+    extractor = aot.abstract_state(models.get_preset(cfg.extractor_model.preset, vocab_size=vocab),
+                                   OptimizerConfig())
+    r, e = cfg.rollout, cfg.extractor
+    batch = TrainBatch(aot.abstract_batch(r.groups_per_step * r.group_size, cfg.rl.max_seq_len),
+                       aot.abstract_batch(e.batch_size, e.cache_length))
+    mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
+    train_cfg = dataclasses.replace(TrainConfig(), actor_micro_batches=micro_batches)
+    compiled = make_train_step(train_cfg, mesh, actor, extractor, batch).lower(actor, extractor, batch).compile()
+    return memory_fit.peak_bytes(compiled.memory_analysis()) / 2**30
+
+
+@pytest.mark.parametrize("spec", SETTINGS)
+def test_the_update_fits_a_24_gib_machine(spec):
+    """Under 16 GiB, leaving room for the samplers' caches, the bank and the embedder. The
+    3-task mixture's update in one piece is what ran out of memory (36 GiB) before it was split."""
+    cfg = load_config(spec, config_dir=CONFIG_DIR)
+    assert _update_peak_gib(cfg, cfg.rl.micro_batches) < 16
+    if spec == "multi_task.py:three":
+        assert _update_peak_gib(cfg, 1) > 24

@@ -24,6 +24,7 @@ from jax.sharding import Mesh
 
 from crl_jax import models
 from crl_jax.rl import batch as batch_lib
+from crl_jax.rl import memory_fit
 from crl_jax.rl import state as state_lib
 from crl_jax.rl import train_step as ts
 
@@ -106,10 +107,7 @@ def compile_train_step(spec: AotSpec, topology: str, mesh_shape=None) -> dict:
     mem = compiled.memory_analysis()
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-    # Donated states alias their outputs, so the live peak is arguments + temporaries + the
-    # non-aliased outputs (the metrics) + code.
-    peak = (mem.argument_size_in_bytes + mem.temp_size_in_bytes + mem.output_size_in_bytes
-            - mem.alias_size_in_bytes + mem.generated_code_size_in_bytes)
+    peak = memory_fit.peak_bytes(mem)
     kind = mesh.devices.flat[0].device_kind
     family = topology.split(":")[0].lower()
     hbm = HBM_GIB.get(family, HBM_GIB.get(kind.split()[-1].lower(), float("nan"))) * 2**30
