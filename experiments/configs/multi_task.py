@@ -22,7 +22,7 @@ SIX = THREE[:1] + ("minihack/mazewalk-9x9", "minihack/keyroom-dark-s5", "sokoban
 
 # Turns and context per mixture, sized from the scripted expert (tests/test_experiment_configs.py
 # checks both): within 8 turns it solves every room, shop and household task, within 5 only 38% of
-# the household ones; shop and household pages make its episodes up to ~1,900 tokens, past the
+# the household ones; shop and household pages make its episodes up to ~2,100 tokens, past the
 # single task's 1,280. The six-task mixture's maze, key room and Sokoban need more turns (at 10
 # the expert solves 70-80% of them, the paper allows 30) and so more context.
 # The actor update is split into micro-batches (gradient accumulation) to fit a 24 GiB machine:
@@ -39,8 +39,8 @@ def get_config(arg: str | None = None):
     c.rollout.max_turns = max_turns
     c.rollout.cache_length = c.rl.max_seq_len = context
     c.rl.micro_batches = micro_batches
-    # Two groups per task per step on 3 tasks, one on 6: every method of a mixture gets the same
-    # episodes per step, so the comparison is at an equal budget.
+    # Six train tasks drawn per step (48 episodes) on either mixture: every method of a mixture
+    # gets the same episodes per step, so the comparison is at an equal budget.
     c.rollout.groups_per_step = 6
     # 64 test tasks per environment: 192 (3 tasks) or 384 (6) per evaluation for the average,
     # more than the single task's 128, at a cost that keeps one run near an hour on 2 cores.
