@@ -1,14 +1,21 @@
-"""The experiment configs fit their tasks: within each setting's turn limit the scripted expert
-solves its tasks, and its episodes (with an injected entry and a search call, the longest prompts
-the actor sees) fit the context, so no run is capped by its own sizes rather than by its actor."""
+"""The experiment configs fit their tasks and this machine: within each setting's turn limit the
+scripted expert solves its tasks, and its episodes (with an injected entry and a search call, the
+longest prompts the actor sees) fit the context, so no run is capped by its own sizes rather than
+by its actor; and each setting's update, compiled at its largest shapes, fits a 24 GiB machine."""
 
+import dataclasses
 import os
 
+import jax
 import numpy as np
 import pytest
 
-from crl_jax import envs
+from crl_jax import envs, models, sharding
 from crl_jax.config_loading import load_config
+from crl_jax.rl import aot, memory_fit
+from crl_jax.rl.batch import TrainBatch
+from crl_jax.rl.state import OptimizerConfig
+from crl_jax.rl.train_step import TrainConfig, make_train_step
 from crl_jax.rollout.vocabulary import build_tokenizer
 from crl_jax.warm_start import demos, lessons
 
@@ -57,16 +64,6 @@ def test_mixture_variants_compose():
 def _update_peak_gib(cfg, micro_batches: int) -> float:
     """The compiled actor + extractor update's live peak on one CPU device, at the run's largest
     shapes (abstract inputs: nothing is allocated)."""
-    import dataclasses
-
-    import jax
-
-    from crl_jax import models, sharding
-    from crl_jax.rl import aot, memory_fit
-    from crl_jax.rl.batch import TrainBatch
-    from crl_jax.rl.state import OptimizerConfig
-    from crl_jax.rl.train_step import TrainConfig, make_train_step
-
     vocab = build_tokenizer(cfg.tasks).vocab_size
     actor = aot.abstract_state(models.get_preset(cfg.actor.preset, vocab_size=vocab), OptimizerConfig())
     extractor = aot.abstract_state(models.get_preset(cfg.extractor_model.preset, vocab_size=vocab),
