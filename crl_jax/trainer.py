@@ -461,12 +461,11 @@ class Trainer:
             return
         r, e = self.cfg.rollout, self.cfg.extractor
         rows = r.groups_per_step * r.group_size
-        extractor = (aot.abstract_batch(e.batch_size, e.cache_length)
-                     if self.experience is not None and e.train else None)
-        batch = TrainBatch(aot.abstract_batch(rows, self.cfg.rl.max_seq_len), extractor)
-        step = make_train_step(self.train_cfg, self.mesh, self.actor_state, self.extractor_state, batch)
-        short = memory_fit.shortfall(step.lower(self.actor_state, self.extractor_state, batch).compile(),
-                                     self.mesh.devices.flat[0])
+        compiled = aot.compile_update(
+            self.train_cfg, self.mesh, self.actor_state, self.extractor_state,
+            (rows, self.cfg.rl.max_seq_len),
+            (e.batch_size, e.cache_length) if self.experience is not None and e.train else None)
+        short = memory_fit.shortfall(compiled, self.mesh.devices.flat[0])
         if short:
             need, have = (b / 2**30 for b in short)
             raise ConfigError([

@@ -13,9 +13,8 @@ import pytest
 from crl_jax import envs, models, sharding
 from crl_jax.config_loading import load_config
 from crl_jax.rl import aot, memory_fit
-from crl_jax.rl.batch import TrainBatch
 from crl_jax.rl.state import OptimizerConfig
-from crl_jax.rl.train_step import TrainConfig, make_train_step
+from crl_jax.rl.train_step import TrainConfig
 from crl_jax.rollout.vocabulary import build_tokenizer
 from crl_jax.warm_start import demos, lessons
 
@@ -69,11 +68,11 @@ def _update_peak_gib(cfg, micro_batches: int) -> float:
     extractor = aot.abstract_state(models.get_preset(cfg.extractor_model.preset, vocab_size=vocab),
                                    OptimizerConfig())
     r, e = cfg.rollout, cfg.extractor
-    batch = TrainBatch(aot.abstract_batch(r.groups_per_step * r.group_size, cfg.rl.max_seq_len),
-                       aot.abstract_batch(e.batch_size, e.cache_length))
     mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
     train_cfg = dataclasses.replace(TrainConfig(), actor_micro_batches=micro_batches)
-    compiled = make_train_step(train_cfg, mesh, actor, extractor, batch).lower(actor, extractor, batch).compile()
+    compiled = aot.compile_update(train_cfg, mesh, actor, extractor,
+                                  (r.groups_per_step * r.group_size, cfg.rl.max_seq_len),
+                                  (e.batch_size, e.cache_length))
     return memory_fit.peak_bytes(compiled.memory_analysis()) / 2**30
 
 

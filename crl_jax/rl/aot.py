@@ -93,17 +93,24 @@ class AotSpec:
     optimizer: state_lib.OptimizerConfig = state_lib.OptimizerConfig()
 
 
+def compile_update(train_cfg: ts.TrainConfig, mesh: Mesh, actor_state, extractor_state,
+                   actor_shape: tuple[int, int], extractor_shape: tuple[int, int] | None = None):
+    """The joint update compiled on `mesh` for batches of (rows, tokens) shapes, from abstract
+    inputs: nothing is allocated or run. The states may be concrete or abstract; without an
+    extractor shape the step updates the actor only."""
+    batch = batch_lib.TrainBatch(abstract_batch(*actor_shape),
+                                 None if extractor_shape is None else abstract_batch(*extractor_shape))
+    step = ts.make_train_step(train_cfg, mesh, actor_state, extractor_state, batch)
+    return step.lower(actor_state, extractor_state, batch).compile()
+
+
 def compile_train_step(spec: AotSpec, topology: str, mesh_shape=None) -> dict:
     """Compile the joint step for `topology`; return per-chip memory (bytes) and FLOPs."""
     mesh = topology_mesh(topology, mesh_shape)
     actor = abstract_state(spec.actor, spec.optimizer)
     extractor = None if spec.extractor is None else abstract_state(spec.extractor, spec.optimizer)
-    batch = batch_lib.TrainBatch(
-        abstract_batch(spec.actor_batch, spec.actor_seq),
-        None if spec.extractor is None else abstract_batch(spec.extractor_batch,
-                                                           spec.extractor_seq))
-    step = ts.make_train_step(spec.train, mesh, actor, extractor, batch)
-    compiled = step.lower(actor, extractor, batch).compile()
+    compiled = compile_update(spec.train, mesh, actor, extractor, (spec.actor_batch, spec.actor_seq),
+                              None if spec.extractor is None else (spec.extractor_batch, spec.extractor_seq))
     mem = compiled.memory_analysis()
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
