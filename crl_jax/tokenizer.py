@@ -14,6 +14,7 @@ Owns the host-side text <-> token-id boundary:
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import re
 from collections import Counter
@@ -153,6 +154,12 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self.backend.get_vocab_size(with_added_tokens=True)
 
+    @property
+    def fingerprint(self) -> str:
+        """A short digest of the whole tokenizer (model, vocabulary, pre-tokenizer): equal
+        fingerprints encode every text alike, so a cache built on token ids can key on it."""
+        return hashlib.sha256(self.backend.to_str().encode()).hexdigest()[:16]
+
     def token_id(self, token: str) -> int:
         index = self.backend.token_to_id(token)
         if index is None:
@@ -247,11 +254,16 @@ def _backend_via_transformers(folder: Path) -> tokenizers.Tokenizer:
 # piece so that a text map row such as "    ..   " costs a few tokens, not one per blank, while its
 # columns stay exact (each run length up to MAX_SPACE_RUN is its own token; longer runs split).
 # Map cells are single characters ("_X_O" is four pieces), and every single printable ASCII
-# character is always in the vocabulary, so maps and numbers never become <unk>.
+# character is always in the vocabulary. A word outside the vocabulary (a product code, a name no
+# vocabulary text held, a row of monsters "dd") is spelled out in the longest known pieces, down to
+# single characters, so that the models can read and copy it: only a character outside ASCII
+# becomes <unk>.
 MAX_SPACE_RUN = 16
 _WORD_PIECES = r" {2,%d}| ?[A-Za-z]+| ?[0-9]| ?[^\sA-Za-z0-9]|\s" % MAX_SPACE_RUN
 _ALWAYS = [c for c in map(chr, range(33, 127))]
 WORD_SPECIALS = ("<pad>", "<unk>", IM_START, IM_END)
+# WordPiece maps longer words to <unk> whole; no text here has a word near this long.
+_MAX_WORD_CHARS = 1000
 
 
 def _word_pre_tokenizer():
@@ -265,7 +277,9 @@ def build_word_tokenizer(texts: Iterable[str], *, tags: Sequence[str] = METHOD_T
     Ids: the specials (<pad>=0, <unk>=1, <|im_start|>, <|im_end|> = eos), the tags, the ChatML
     roles and whitespace, then pieces by falling frequency (ties: first seen), each followed by
     its twin with or without a leading space. Pieces seen fewer than `min_count` times, or past
-    `max_size` entries, become <unk>.
+    `max_size` entries, are not entries; like any unseen word, they are spelled out in the
+    longest entries that cover them (greedily from the left, as WordPiece does without a
+    continuation prefix).
     """
     fixed = [*WORD_SPECIALS, *tags]
     if len(set(fixed)) != len(fixed):
@@ -289,7 +303,10 @@ def build_word_tokenizer(texts: Iterable[str], *, tags: Sequence[str] = METHOD_T
         for tok in (piece, twin) if piece.strip() else (piece,):
             if tok not in vocab and (max_size is None or len(vocab) < max_size):
                 vocab[tok] = len(vocab)
-    backend = tokenizers.Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    # WordPiece with no continuation prefix: a known piece is one token, as in a word-level
+    # model; an unknown one falls back to its longest known prefixes instead of <unk>.
+    backend = tokenizers.Tokenizer(models.WordPiece(vocab=vocab, unk_token="<unk>", continuing_subword_prefix="",
+                                                    max_input_chars_per_word=_MAX_WORD_CHARS))
     backend.pre_tokenizer = _word_pre_tokenizer()
     backend.decoder = decoders.Fuse()
     backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in WORD_SPECIALS])

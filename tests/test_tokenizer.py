@@ -147,7 +147,10 @@ def test_word_tokenizer_round_trip_and_special_tokens(word_tok):
         assert len(word_tok.encode(tag)) == 1, tag
     assert (word_tok.token_id("<pad>"), word_tok.token_id("<unk>")) == (0, 1)
     assert word_tok.eos_id == word_tok.token_id(IM_END) and word_tok.pad_id == 0
-    assert word_tok.decode(word_tok.encode("Go zebra")) == "Go<unk>"  # unseen word; nothing else lost
+    # An unseen word is spelled out in known pieces (down to characters): readable and copyable.
+    zebra = word_tok.encode("Go zebra b07xq9k")
+    assert word_tok.decode(zebra) == "Go zebra b07xq9k" and word_tok.token_id("<unk>") not in zebra
+    assert [word_tok.decode([i]) for i in word_tok.encode(" zebra")] == [" z", "e", "b", "r", "a"]
     # Space runs are single tokens of exact length, so text maps keep their columns.
     row = "    ..   " + " " * 20 + "."
     assert word_tok.decode(word_tok.encode(row)) == row and len(word_tok.encode(row)) == 6
@@ -159,13 +162,14 @@ def test_word_tokenizer_round_trip_and_special_tokens(word_tok):
 
 def test_word_tokenizer_limits():
     small = build_word_tokenizer(["aa aa aa bb bb cc"], min_count=2)
-    assert small.encode("aa bb cc") == small.encode("aa bb") + [small.token_id("<unk>")]
+    assert small.encode("aa bb cc") == small.encode("aa bb") + small.encode(" c") + small.encode("c")
     base = build_word_tokenizer([""]).vocab_size  # specials, tags, roles, whitespace runs
     capped = build_word_tokenizer(["xx yy zz ww vv"] * 3, max_size=base + 3)
     assert capped.vocab_size == base + 3
-    assert capped.decode(capped.encode("xx yy zz ww vv")) == "xx yy<unk><unk><unk>"
-    # Single characters are always known, so text maps and numbers never become <unk>.
-    assert "<unk>" not in capped.decode(capped.encode("_X_O @d 1234 $9.50"))
+    assert [capped.decode([i]) for i in capped.encode("xx yy zz")] == ["xx", " yy", " z", "z"]
+    # Single ASCII characters are always known, so only characters outside ASCII become <unk>.
+    assert "<unk>" not in capped.decode(capped.encode("_X_O @dd 1234 $9.50"))
+    assert capped.decode(capped.encode("xx café")) == "xx caf<unk>"  # a character outside ASCII
 
 
 def test_word_tokenizer_loads_in_tokenizers_and_transformers(word_tok, tmp_path):

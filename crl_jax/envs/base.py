@@ -84,6 +84,12 @@ class TextEnv(abc.ABC):
     def is_valid_action(self, action: str) -> bool:
         return action in self.valid_actions()
 
+    def vocabulary_texts(self) -> list[str]:
+        """Every word of this environment that a few sampled episodes may miss (catalogue words,
+        object names), for the tiny models' vocabulary (rollout.vocabulary). An environment whose
+        words all show up in any dozen episodes keeps the default, no texts."""
+        return []
+
     def parse_action(self, text: str) -> str | None:
         """Extract the action from model output; None when there is none or it is not valid."""
         action = parse_answer_tag(text)

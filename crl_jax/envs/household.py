@@ -17,7 +17,7 @@ import re
 from typing import Any
 
 from crl_jax.envs.base import TextEnv, parse_answer_tag
-from crl_jax.envs.household_world import (CONTAINERS, FAMILIES, FIXED, OPENABLE, Scene,
+from crl_jax.envs.household_world import (CONTAINERS, FAMILIES, FIXED, OPENABLE, PRIORS, ROOMS, Scene,
                                           generate_scene, receptacle_type)
 
 _APPLIANCE_VERB = {"microwave": "heat", "fridge": "cool", "sinkbasin": "clean"}
@@ -69,6 +69,11 @@ class HouseholdEnv(TextEnv):
         # ALFWorld agents are usually shown the admissible commands each turn; this keeps that option.
         self.list_actions = list_actions
         self.scene: Scene | None = None
+
+    def vocabulary_texts(self) -> list[str]:
+        receptacles = {r for room in ROOMS.values() for r in room}
+        objects = {o for room in PRIORS.values() for o in room}
+        return [" ".join(sorted(ROOMS) + sorted(receptacles) + sorted(objects) + sorted(FAMILIES))]
 
     # ---- episode state ---------------------------------------------------------------------------
     def _reset(self, seed: int):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 
 from crl_jax.envs.base import TextEnv, parse_answer_tag
-from crl_jax.envs.shop_catalog import (Goal, Product, build_catalog, make_goal, score_purchase,
+from crl_jax.envs.shop_catalog import (BRANDS, CATEGORIES, Goal, Product, build_catalog, make_goal, score_purchase,
                                        search_index)
 
 ACTION_PATTERN = re.compile(r"^(search|click|choose)\s*\[\s*(.+?)\s*\]$", re.DOTALL)
@@ -56,6 +56,13 @@ class ShopEnv(TextEnv):
         # As in WebShop agent setups, each page ends with the actions available on it.
         self.list_actions = list_actions
         self.goal_spec: Goal | None = None
+
+    def vocabulary_texts(self) -> list[str]:
+        # Titles capitalise brands and attributes; instructions and descriptions keep them lower case.
+        words = [*BRANDS]
+        for category, (noun, attributes, options, _) in CATEGORIES.items():
+            words += [category, noun, *attributes, *options, *(v for values in options.values() for v in values)]
+        return [" ".join(words), " ".join(w.title() for w in words)]
 
     # ---- episode state -------------------------------------------------------------------------
     def _reset(self, seed: int):

@@ -51,6 +51,7 @@ def collect_texts(task_names: Sequence[str], episodes_per_task: int = 12) -> lis
     for name in task_names:
         env = envs.make(name)
         texts.append(env.system_prompt)
+        texts.extend(env.vocabulary_texts())
         # Random play covers the failure texts, expert play the ones on the way to success.
         texts.extend(_episode_texts(env, range(episodes_per_task), random_agent_for(env, seed=0)))
         try:

@@ -44,7 +44,7 @@ def cache_identity(cfg: RunConfig) -> dict:
     """Every setting of a run that its warm start depends on, from its config alone.
 
     Runs with equal identities build the same warm start (bitwise, on one machine): the trainer
-    keys the cache on it (plus the tokenizer's size, a property of the built vocabulary), and
+    keys the cache on it (plus the tokenizer's fingerprint, a property of the built vocabulary), and
     experiments/reproduce.py shares a finished cache between runs by it. How a run uses experience
     afterwards (search, merging, frozen roles, ...) is left out: the actor's demos do not depend on
     it. Whether there is an extractor is in: a run without one has no extractor to fine-tune.
@@ -134,9 +134,11 @@ def train_supervised(name: str, state: TrainState, examples, *, steps: int, batc
 
 def _digest(cfg: WarmStartConfig, inputs: WarmStartInputs) -> str:
     # The settings passed in, not only the run's identity, so a direct call with another
-    # WarmStartConfig cannot pick up a cache built under different settings.
+    # WarmStartConfig cannot pick up a cache built under different settings; and the tokenizer
+    # itself, since the same config built a different one before the word tokenizer spelled out
+    # unknown words (a cache copied from such a run is recomputed).
     return config_digest({"identity": inputs.identity, "warm_start": dataclasses.asdict(cfg),
-                          "vocab_size": inputs.tokenizer.vocab_size})
+                          "tokenizer": inputs.tokenizer.fingerprint})
 
 
 def run_warm_start(cfg: WarmStartConfig, inputs: WarmStartInputs, workdir: str):
