@@ -26,7 +26,7 @@ does not depend on how a run uses experience). Runs that also share the extracto
 (Comp. RL, static, exp. only) share the whole cache: before a run starts, a finished sibling's
 `warm_start/` folder is copied into its workdir when their `warm_start.cache_identity` is equal,
 the function the trainer keys the cache on. The trainer still checks the cache's digest (which
-also covers the built vocabulary's size) and recomputes on a mismatch, so a wrong copy costs
+also covers the built tokenizer's fingerprint) and recomputes on a mismatch, so a wrong copy costs
 time, never correctness. The baseline (no extractor) computes its actor's warm start itself, to
 the same weights.
 

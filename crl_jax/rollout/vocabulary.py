@@ -1,11 +1,13 @@
 """The word-level vocabulary of the tiny models: every text they will read or write.
 
 The tiny actor and extractor cannot afford a 50k-entry BPE vocabulary, so their tokenizer is built
-from the environments' own texts (system prompts, observations and actions of scripted-expert and
-random episodes), the method's prompts (distillation, merge, refinement, injection, tool
-text), the extractor's operation syntax and the warm start's scripted lessons. Words outside it become <unk>, which costs nothing
-when the models never need them. The build is deterministic, and the trainer caches the result in
-the workdir so a resumed run reads exactly the same ids.
+from the environments' own texts (system prompts, observations and actions of a dozen
+scripted-expert and random episodes, and each environment's word lists: catalogue words, object
+names that a dozen episodes may miss), the method's prompts (distillation, merge, refinement,
+injection, tool text), the extractor's operation syntax and the warm start's scripted lessons.
+A word outside it (a product code drawn at random) is spelled out in known pieces, down to single
+characters (tokenizer.build_word_tokenizer). The build is deterministic, and the trainer caches
+the result in the workdir so a resumed run reads exactly the same ids.
 """
 
 from __future__ import annotations
