@@ -17,8 +17,8 @@ import re
 from typing import Any
 
 from crl_jax.envs.base import TextEnv, parse_answer_tag
-from crl_jax.envs.household_world import (CONTAINERS, FAMILIES, FIXED, OPENABLE, PRIORS, ROOMS, Scene,
-                                          generate_scene, receptacle_type)
+from crl_jax.envs.household_world import (CONTAINERS, FAMILIES, FIXED, OPENABLE, PRIORS, ROOMS,
+                                          Scene, generate_scene, receptacle_type)
 
 _APPLIANCE_VERB = {"microwave": "heat", "fridge": "cool", "sinkbasin": "clean"}
 _STATE_OF_VERB = {"heat": "hot", "cool": "cool", "clean": "clean"}

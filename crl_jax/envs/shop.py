@@ -16,8 +16,8 @@ from __future__ import annotations
 import re
 
 from crl_jax.envs.base import TextEnv, parse_answer_tag
-from crl_jax.envs.shop_catalog import (BRANDS, CATEGORIES, Goal, Product, build_catalog, make_goal, score_purchase,
-                                       search_index)
+from crl_jax.envs.shop_catalog import (BRANDS, CATEGORIES, Goal, Product, build_catalog, make_goal,
+                                       score_purchase, search_index)
 
 ACTION_PATTERN = re.compile(r"^(search|click|choose)\s*\[\s*(.+?)\s*\]$", re.DOTALL)
 BACK, NEXT, PREV, BUY = "back to search", "next >", "< prev", "buy now"
@@ -61,7 +61,8 @@ class ShopEnv(TextEnv):
         # Titles capitalise brands and attributes; instructions and descriptions keep them lower case.
         words = [*BRANDS]
         for category, (noun, attributes, options, _) in CATEGORIES.items():
-            words += [category, noun, *attributes, *options, *(v for values in options.values() for v in values)]
+            values = [v for option_values in options.values() for v in option_values]
+            words += [category, noun, *attributes, *options, *values]
         return [" ".join(words), " ".join(w.title() for w in words)]
 
     # ---- episode state -------------------------------------------------------------------------

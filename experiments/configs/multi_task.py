@@ -23,10 +23,11 @@ SIX = THREE[:1] + ("minihack/mazewalk-9x9", "minihack/keyroom-dark-s5", "sokoban
 # Turns and context per mixture, sized from the scripted expert (tests/test_experiment_configs.py
 # checks both): within 8 turns it solves every room, shop and household task, within 5 only 38% of
 # the household ones; shop and household pages make its episodes up to ~2,300 tokens (product
-# codes are spelled out character by character), past the single task's 1,280. The six-task mixture's maze, key room and Sokoban need more turns (at 10
-# the expert solves 70-80% of them, the paper allows 30) and so more context.
+# codes are spelled out character by character), past the single task's 1,280. The six-task
+# mixture's maze, key room and Sokoban need more turns (at 10 the expert solves 70-80% of them, the
+# paper allows 30) and so more context.
 # The actor update is split into micro-batches (gradient accumulation) to fit a 24 GiB machine:
-# 48 sequences of 2,304 tokens in one piece need 36 GiB of temporaries, 6 pieces 6 GiB.
+# measured at 2,304 tokens, 48 sequences in one piece needed 36 GiB of temporaries, 6 pieces 6 GiB.
 SIZES = {"three": (THREE, 8, 2560, 6), "six": (SIX, 10, 2816, 8)}  # tasks, turns, context, micro
 
 
