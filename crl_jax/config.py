@@ -112,6 +112,9 @@ class WarmStartConfig:
     actor_window: int = 0
     window_steps: int = 0
     window_batch_size: int = 32
+    # Precede each window with its episode's goal message, at its true distance (the windows then
+    # vary in length, and a batch holds window_batch_size * actor_window tokens).
+    window_goal: bool = False
     extractor_steps: int = 100
     merge_examples: int = 32
     batch_size: int = 16

@@ -17,7 +17,7 @@ from crl_jax.rollout.extractor import prompt_ids
 from crl_jax.rl.state import OptimizerConfig, create_sharded_state, make_optimizer
 from crl_jax.rollout.vocabulary import build_tokenizer
 from crl_jax.warm_start import (WarmStartInputs, cache_identity, demos, length_bucket, lessons,
-                               run_warm_start)
+                               rows_per_batch, run_warm_start)
 
 TASK = "sokoban/6x6-2box"   # a real environment: fast to reset, has a scripted expert
 SHORT = "test/corridor"     # short prompts, so the JAX tests compile one small shape
@@ -145,6 +145,61 @@ def test_action_windows_cut_one_example_per_action():
     assert len(long) == 1 and long[0][0].tolist() == [16, 17, 18, 19] and long[0][1].all()
     with pytest.raises(ValueError, match="window"):
         demos.action_windows([(ids, mask)], window=0)
+
+
+def test_goal_windows_keep_the_goal_at_its_true_distance():
+    ids = np.arange(40, dtype=np.int32) + 100
+    mask = np.zeros(40, bool)
+    mask[[12, 13, 30, 31]] = True                   # two actions; the goal message is tokens 4..8
+    windows = demos.action_windows([(ids, mask)], window=6, goals=[(4, 9)])
+    assert len(windows) == 2
+    # The first window reaches into the goal: one contiguous piece from the goal's start.
+    first_ids, first_mask, first_pos = windows[0]
+    assert first_pos.tolist() == list(range(4, 14))
+    np.testing.assert_array_equal(first_ids, ids[4:14])
+    assert first_mask.tolist() == [False] * 8 + [True, True]
+    # The second: the goal, then the last 6 tokens, each at its position in the episode.
+    ids2, mask2, pos2 = windows[1]
+    assert pos2.tolist() == [4, 5, 6, 7, 8] + list(range(26, 32))
+    np.testing.assert_array_equal(ids2, ids[pos2])
+    np.testing.assert_array_equal(pos2[mask2], [30, 31])
+    with pytest.raises(ValueError, match="goal spans"):
+        demos.action_windows([(ids, mask)], window=6, goals=[])
+
+
+def test_goal_spans_find_the_first_user_message(short_tokenizer):
+    demo = short_demos(1)[0]
+    (start, end), = demos.goal_spans(short_tokenizer, [demo])
+    ids = short_tokenizer.encode_chat(demo.messages).ids
+    assert short_tokenizer.decode(ids[start:end]).count(demo.messages[1]["content"]) == 1
+    assert 0 < start < end < len(ids)
+
+
+def test_rows_per_batch_share_a_token_budget():
+    assert rows_per_batch(128, 32) == 32                       # no budget: fixed rows
+    assert [rows_per_batch(n, 32, 3072) for n in (96, 128, 512, 4096)] == [32, 24, 6, 1]
+
+
+def test_a_goal_window_scores_its_action_as_the_whole_episode_does(short_tokenizer):
+    """With explicit positions, a window with a gap computes at its tokens what the whole episode
+    computes there when the gap's tokens are hidden from attention (RoPE scores depend on position
+    differences only): the goal is read at the distance it has in the episode."""
+    mesh, state = _nano_state(short_tokenizer)
+    ids, mask = demos.actor_examples(short_tokenizer, short_demos(1))[0]
+    (g0, g1), = demos.goal_spans(short_tokenizer, short_demos(1))
+    last = demos.action_windows([(ids, mask)], window=8, goals=[(g0, g1)])[-1]
+    w_ids, w_mask, w_pos = last
+    assert w_pos[0] == g0 and w_pos[-1] == np.flatnonzero(mask)[-1] and w_pos[1] - w_pos[0] == 1
+    assert len(w_ids) < w_pos[-1] + 1 - g0      # a gap: the window is not one contiguous piece
+    model = nnx.merge(state.graphdef, state.params)
+    window_batch = sft_batch([last], 128, 1)
+    window_logits = np.asarray(model(window_batch.tokens, positions=window_batch.positions,
+                                     attention_mask=window_batch.attention_mask))[0, :len(w_ids)]
+    keep = np.zeros(len(ids), bool)
+    keep[w_pos] = True                      # the full sequence, other tokens hidden from attention
+    full = np.asarray(model(ids[None], positions=np.arange(len(ids))[None],
+                            attention_mask=keep[None]))[0]
+    np.testing.assert_allclose(window_logits, full[w_pos], atol=1e-5)
 
 
 def test_window_phase_needs_a_window():

@@ -52,18 +52,23 @@ def make_sft_step(mesh: Mesh, state: TrainState, batch: PolicyBatch):
 
 
 def sft_batch(examples, length: int, rows: int) -> PolicyBatch:
-    """(ids, mask) examples right-padded to [rows, length]; missing rows are invalid padding.
-    Examples longer than `length` are cut (their cut tokens are not trained)."""
+    """(ids, mask) or (ids, mask, positions) examples right-padded to [rows, length]; missing rows
+    are invalid padding. Positions default to 0, 1, 2, ...; explicit ones let an example skip part
+    of its sequence (warm_start.demos.action_windows with goals). Examples longer than `length` are
+    cut (their cut tokens are not trained)."""
     if len(examples) > rows:
         raise ValueError(f"{len(examples)} examples do not fit a batch of {rows} rows")
     tokens = np.zeros((rows, length), np.int32)
     attention = np.zeros((rows, length), bool)
     loss = np.zeros((rows, length), np.float32)
-    for i, (ids, mask) in enumerate(examples):
+    positions = np.tile(np.arange(length, dtype=np.int32), (rows, 1))
+    for i, (ids, mask, *rest) in enumerate(examples):
         n = min(len(ids), length)
         tokens[i, :n], attention[i, :n], loss[i, :n] = ids[:n], True, np.asarray(mask[:n], np.float32)
+        if rest:
+            positions[i, :n] = np.asarray(rest[0][:n], np.int32)
     loss[:, 0] = 0.0
     valid = np.arange(rows) < len(examples)
     attention[~valid, 0] = True  # padding rows attend to one token, so no row is all-masked
     return make_policy_batch(tokens, loss, np.zeros(rows, np.float32), attention_mask=attention,
-                             valid=valid)
+                             positions=positions, valid=valid)

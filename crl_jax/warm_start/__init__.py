@@ -37,7 +37,7 @@ from crl_jax.warm_start import demos as demos_lib
 
 log = logging.getLogger("crl_jax")
 
-__all__ = ["WarmStartInputs", "run_warm_start", "length_bucket", "cache_identity"]
+__all__ = ["WarmStartInputs", "run_warm_start", "length_bucket", "rows_per_batch", "cache_identity"]
 
 
 def cache_identity(cfg: RunConfig) -> dict:
@@ -84,16 +84,26 @@ def length_bucket(n: int, cap: int, granule: int = 256) -> int:
     return min(max(granule, -(-n // granule) * granule), cap)
 
 
-def _batches(examples, batch_size: int, cap: int, rng: np.random.Generator, granule: int = 256):
+def rows_per_batch(length: int, batch_size: int, tokens_per_batch: int = 0) -> int:
+    """Rows of a batch padded to `length`: `batch_size`, or with a token budget as many as fit it
+    (at least one, at most `batch_size`), so short and long examples cost about the same per step."""
+    if tokens_per_batch <= 0:
+        return batch_size
+    return max(1, min(batch_size, tokens_per_batch // length))
+
+
+def _batches(examples, batch_size: int, cap: int, rng: np.random.Generator, granule: int = 256,
+             tokens_per_batch: int = 0):
     """Endless shuffled batches, each from one length bucket (few shapes, so few compilations)."""
     by_bucket: dict[int, list[int]] = {}
-    for i, (ids, _) in enumerate(examples):
+    for i, (ids, *_) in enumerate(examples):
         by_bucket.setdefault(length_bucket(len(ids), cap, granule), []).append(i)
     while True:
         batches = []
         for length, rows in by_bucket.items():
             rows = list(rng.permutation(rows))
-            batches += [(length, rows[k:k + batch_size]) for k in range(0, len(rows), batch_size)]
+            n = rows_per_batch(length, batch_size, tokens_per_batch)
+            batches += [(length, rows[k:k + n]) for k in range(0, len(rows), n)]
         for b in rng.permutation(len(batches)):
             yield batches[b]
 
@@ -101,22 +111,25 @@ def _batches(examples, batch_size: int, cap: int, rng: np.random.Generator, gran
 def train_supervised(name: str, state: TrainState, examples, *, steps: int, batch_size: int,
                      learning_rate: float, max_len: int, mesh, seed: int,
                      writer: metrics_lib.MetricsWriter, step_offset: int,
-                     granule: int = 256) -> tuple[object, dict]:
+                     granule: int = 256, tokens_per_batch: int = 0) -> tuple[object, dict]:
     """`steps` supervised updates of `state`'s params on `examples`; returns (params, summary).
     The RL optimiser state is untouched: the warm start has its own AdamW. Batches are padded to
-    a multiple of `granule` tokens (at most `max_len`)."""
+    a multiple of `granule` tokens (at most `max_len`) and hold `batch_size` rows, or with
+    `tokens_per_batch` as many as fit that many tokens (`rows_per_batch`)."""
     tx = make_optimizer(OptimizerConfig(learning_rate=learning_rate, max_grad_norm=1.0))
     sft_state = TrainState.create(state.graphdef, state.params, tx, jax.random.PRNGKey(seed))
     # Its fresh Adam moments are sharded like the params they track (the step donates the state,
     # so the caller's params are consumed: it takes the returned ones).
     sft_state = jax.device_put(sft_state, state_shardings(mesh, sft_state))
     step_fns: dict[int, object] = {}
-    batches = _batches(examples, batch_size, max_len, np.random.default_rng([seed, 11]), granule)
+    batches = _batches(examples, batch_size, max_len, np.random.default_rng([seed, 11]), granule,
+                       tokens_per_batch)
     losses = []
     progress = metrics_lib.Progress(steps, keys=(f"{name}/loss",), every=max(1, steps // 10))
     for i in range(steps):
         length, rows = next(batches)
-        batch = sft_batch([examples[r] for r in rows], length, batch_size)
+        batch = sft_batch([examples[r] for r in rows], length,
+                          rows_per_batch(length, batch_size, tokens_per_batch))
         if length not in step_fns:
             step_fns[length] = make_sft_step(mesh, sft_state, batch)
         sft_state, out = step_fns[length](sft_state, batch)
@@ -181,11 +194,18 @@ def run_warm_start(cfg: WarmStartConfig, inputs: WarmStartInputs, workdir: str):
     actor_state, summary = inputs.actor_state, {"demos": demo_stats}
     if cfg.window_steps > 0:
         window = min(cfg.actor_window, inputs.actor_max_len)
+        if cfg.window_goal:
+            # Goal message + window: lengths vary, so batches share a budget of tokens (as many
+            # as `window_batch_size` plain windows) instead of a number of rows.
+            goals = demos_lib.goal_spans(inputs.tokenizer, demos)
+            sizing = dict(max_len=inputs.actor_max_len, granule=128,
+                          tokens_per_batch=cfg.window_batch_size * window)
+        else:
+            goals, sizing = None, dict(max_len=window, granule=window)
         params, summary["actor_window"] = train_supervised(
-            "actor_window", actor_state, demos_lib.action_windows(actor_examples, window),
+            "actor_window", actor_state, demos_lib.action_windows(actor_examples, window, goals),
             steps=cfg.window_steps, batch_size=cfg.window_batch_size, learning_rate=cfg.learning_rate,
-            max_len=window, mesh=inputs.mesh, seed=inputs.seed, writer=writer, step_offset=0,
-            granule=window)
+            mesh=inputs.mesh, seed=inputs.seed, writer=writer, step_offset=0, **sizing)
         actor_state = actor_state.replace(params=params)
     actor_params, actor_summary = train_supervised(
         "actor", actor_state, actor_examples, steps=cfg.actor_steps, batch_size=cfg.batch_size,

@@ -121,6 +121,7 @@ def collect_demos(tasks: Sequence[dict], *, max_turns: int, epsilons: Sequence[f
 
 # ---- token examples --------------------------------------------------------------------------
 Example = tuple[np.ndarray, np.ndarray]   # (ids [T] int32, trained mask [T] bool)
+# action_windows(goals=...) adds a third array: each token's position in its episode [T] int32.
 
 
 def actor_examples(tokenizer: Tokenizer, demos: Sequence[Demo]) -> list[Example]:
@@ -132,25 +133,55 @@ def actor_examples(tokenizer: Tokenizer, demos: Sequence[Demo]) -> list[Example]
     return out
 
 
-def action_windows(examples: Sequence[Example], window: int) -> list[Example]:
+def goal_spans(tokenizer: Tokenizer, demos: Sequence[Demo]) -> list[tuple[int, int]]:
+    """Where each demo's first user message (its goal and first observation) lies in its actor
+    example: [start, end) token offsets (the chat is encoded turn by turn, so prefixes agree)."""
+    return [(len(tokenizer.encode_chat(d.messages[:1]).ids), len(tokenizer.encode_chat(d.messages[:2]).ids))
+            for d in demos]
+
+
+def action_windows(examples: Sequence[Example], window: int,
+                   goals: Sequence[tuple[int, int]] | None = None) -> list:
     """One example per trained span (an action and its end marker) of each example: the last
     `window` tokens up to the span's end, with only that span trained.
 
     Reading the observation right before an action is what a cloned actor must learn first, and
     the model's positions are relative (RoPE), so what it learns on a window holds in the whole
     transcript; a window costs a fraction of the episode's attention, so the warm start affords
-    many more of them. A span longer than `window` keeps its last `window` tokens."""
+    many more of them. A span longer than `window` keeps its last `window` tokens.
+
+    With `goals` (`goal_spans`), each window that starts after its episode's goal message is
+    preceded by that message, and the example carries its tokens' positions in the episode
+    (ids, mask, positions): the gap between the two pieces keeps its true length, so attending
+    from an action back to the goal is learnt at the distance it has in the whole transcript.
+    Household actions name the goal's object and receptacle, and shop searches its keywords, but
+    their goal is hundreds of tokens before the action (the pages list every available action)."""
     if window <= 0:
         raise ValueError(f"window must be > 0, got {window}")
+    if goals is not None and len(goals) != len(examples):
+        raise ValueError(f"{len(goals)} goal spans for {len(examples)} examples")
     out = []
-    for ids, mask in examples:
+    for k, (ids, mask) in enumerate(examples):
         ids, mask = np.asarray(ids, np.int32), np.asarray(mask, bool)
         edges = np.diff(np.concatenate([[0], mask.astype(np.int8), [0]]))
         for start, end in zip(np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)):
             first = max(0, end - window)
             span = np.zeros(end - first, bool)
             span[max(start, first) - first:] = True
-            out.append((ids[first:end], span))
+            if goals is None:
+                out.append((ids[first:end], span))
+                continue
+            goal_start, goal_end = goals[k]
+            if goal_end >= first:  # the window reaches into the goal: take it from there on
+                first = min(first, goal_start)
+                span = np.zeros(end - first, bool)
+                span[max(start, first) - first:] = True
+                out.append((ids[first:end], span, np.arange(first, end, dtype=np.int32)))
+                continue
+            positions = np.concatenate([np.arange(goal_start, goal_end), np.arange(first, end)])
+            out.append((np.concatenate([ids[goal_start:goal_end], ids[first:end]]),
+                        np.concatenate([np.zeros(goal_end - goal_start, bool), span]),
+                        positions.astype(np.int32)))
     return out
 
 
