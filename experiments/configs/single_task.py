@@ -69,6 +69,7 @@ def base_config() -> config_dict.ConfigDict:
     # seed 1's warm start reached 0.16 test success with 300, 0.34 with 500.
     c.warm_start = dict(enabled=True, episodes=512, epsilons=(0.0, 0.25, 0.5), guided_fraction=0.5,
                         search_fraction=0.2, actor_window=96, window_steps=500, window_batch_size=32,
+                        window_goal=False,
                         actor_steps=20, extractor_steps=120, merge_examples=16,
                         batch_size=8, learning_rate=3e-3, extractor_learning_rate=5e-3)
     c.checkpoint = dict(every=10, keep=3)
