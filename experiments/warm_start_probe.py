@@ -49,9 +49,9 @@ def action_kind(text: str) -> str:
 
 def expert_action_probabilities(log_probs: np.ndarray, mask: np.ndarray) -> list[float]:
     """exp(sum of token log-probs) over each trained span (one action and its end marker)."""
-    edges = np.diff(np.concatenate([[0], np.asarray(mask, np.int8), [0]]))
-    return [float(np.exp(np.sum(log_probs[a:b])))
-            for a, b in zip(np.flatnonzero(edges == 1), np.flatnonzero(edges == -1))]
+    from crl_jax.warm_start.demos import trained_spans
+
+    return [float(np.exp(np.sum(log_probs[a:b]))) for a, b in trained_spans(mask)]
 
 
 def main(argv: list[str]) -> None:

@@ -133,6 +133,12 @@ def actor_examples(tokenizer: Tokenizer, demos: Sequence[Demo]) -> list[Example]
     return out
 
 
+def trained_spans(mask) -> list[tuple[int, int]]:
+    """[start, end) of each run of True in a trained-token mask: one per action (and end marker)."""
+    edges = np.diff(np.concatenate([[0], np.asarray(mask, bool).astype(np.int8), [0]]))
+    return list(zip(np.flatnonzero(edges == 1).tolist(), np.flatnonzero(edges == -1).tolist()))
+
+
 def goal_spans(tokenizer: Tokenizer, demos: Sequence[Demo]) -> list[tuple[int, int]]:
     """Where each demo's first user message (its goal and first observation) lies in its actor
     example: [start, end) token offsets (the chat is encoded turn by turn, so prefixes agree)."""
@@ -163,8 +169,7 @@ def action_windows(examples: Sequence[Example], window: int,
     out = []
     for k, (ids, mask) in enumerate(examples):
         ids, mask = np.asarray(ids, np.int32), np.asarray(mask, bool)
-        edges = np.diff(np.concatenate([[0], mask.astype(np.int8), [0]]))
-        for start, end in zip(np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)):
+        for start, end in trained_spans(mask):
             first = max(0, end - window)
             span = np.zeros(end - first, bool)
             span[max(start, first) - first:] = True
