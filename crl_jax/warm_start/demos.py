@@ -171,22 +171,21 @@ def action_windows(examples: Sequence[Example], window: int,
         ids, mask = np.asarray(ids, np.int32), np.asarray(mask, bool)
         for start, end in trained_spans(mask):
             first = max(0, end - window)
+            goal_start, goal_end = goals[k] if goals is not None else (0, 0)
+            reaches_goal = goals is not None and goal_end >= first
+            if reaches_goal:  # the window reaches into the goal: one piece from the goal's start
+                first = min(first, goal_start)
             span = np.zeros(end - first, bool)
             span[max(start, first) - first:] = True
             if goals is None:
                 out.append((ids[first:end], span))
-                continue
-            goal_start, goal_end = goals[k]
-            if goal_end >= first:  # the window reaches into the goal: take it from there on
-                first = min(first, goal_start)
-                span = np.zeros(end - first, bool)
-                span[max(start, first) - first:] = True
+            elif reaches_goal:
                 out.append((ids[first:end], span, np.arange(first, end, dtype=np.int32)))
-                continue
-            positions = np.concatenate([np.arange(goal_start, goal_end), np.arange(first, end)])
-            out.append((np.concatenate([ids[goal_start:goal_end], ids[first:end]]),
-                        np.concatenate([np.zeros(goal_end - goal_start, bool), span]),
-                        positions.astype(np.int32)))
+            else:
+                positions = np.concatenate([np.arange(goal_start, goal_end), np.arange(first, end)])
+                out.append((np.concatenate([ids[goal_start:goal_end], ids[first:end]]),
+                            np.concatenate([np.zeros(goal_end - goal_start, bool), span]),
+                            positions.astype(np.int32)))
     return out
 
 
