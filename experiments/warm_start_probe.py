@@ -93,9 +93,9 @@ def main(argv: list[str]) -> None:
                 ids, mask = demos.actor_examples(run.tokenizer, [demo])[0]
                 batch = sft_batch([(ids, mask)], cfg.rl.max_seq_len, 1)
                 probs = expert_action_probabilities(np.asarray(log_probs(state.params, batch))[0], mask)
-                actions = [m["content"] for m in demo.messages if m["role"] == "assistant"]
-                for text, p in zip(actions, probs):
-                    by_kind[(name, action_kind(text))].append(p)
+                # Kinds from the actions taken, not the answers' text, which may be numbers.
+                for text, p in zip(demo.actions, probs):
+                    by_kind[(name, action_kind(text or "invalid"))].append(p)
                     by_kind[(name, "all")].append(p)
         finally:
             env.close()

@@ -8,6 +8,11 @@ and the turn still consumes one of `max_turns`.
 
 `reset(seed)` is deterministic: the same seed gives the same task and the same observation sequence
 for the same actions.
+
+Environments that end each observation with the actions available now ("Available actions: ...")
+can number them (`numbered_actions`): the agent may then answer with a listed action's number
+alone, as choice-based agents of WebShop and ALFWorld pick among the admissible actions. A small
+model can choose a number where it cannot yet copy a product code or an object name from the page.
 """
 
 from __future__ import annotations
@@ -61,7 +66,9 @@ class TextEnv(abc.ABC):
         "Invalid action. Reply with exactly one action inside <answer>...</answer>."
     )
 
-    def __init__(self):
+    def __init__(self, numbered_actions: bool = False):
+        # Listed actions carry their number, and a number alone is an answer (module docstring).
+        self.numbered_actions = numbered_actions
         self._turn = 0
         self._invalid = 0
         self._done = True
@@ -84,6 +91,38 @@ class TextEnv(abc.ABC):
     def is_valid_action(self, action: str) -> bool:
         return action in self.valid_actions()
 
+    def listed_actions(self) -> list[str]:
+        """The actions an observation's "Available actions" list shows, in order; the numbers of
+        `numbered_actions` index this list. Environments whose list differs from `valid_actions`
+        (a search box shown as a template) override it."""
+        return self.valid_actions()
+
+    def action_listing(self) -> str:
+        """The "Available actions: ..." line that ends an observation."""
+        actions = self.listed_actions()
+        if self.numbered_actions:
+            actions = [f"({number}) {action}" for number, action in enumerate(actions, 1)]
+        return "Available actions: " + ", ".join(actions)
+
+    def chosen_action(self, answer: str) -> str:
+        """The listed action an answer's number stands for under `numbered_actions`; any other
+        answer unchanged (a number out of range stays a number, which no action matches)."""
+        if self.numbered_actions and answer.strip().isdigit():
+            listed = self.listed_actions()
+            number = int(answer)
+            if 1 <= number <= len(listed):
+                return listed[number - 1]
+        return answer
+
+    def answer_for(self, action: str) -> str:
+        """How an agent writes `action`: its number when actions are numbered and it is listed,
+        else the action itself. Scripted agents answer through this, so demos match the mode."""
+        if self.numbered_actions:
+            listed = self.listed_actions()
+            if action in listed:
+                return str(listed.index(action) + 1)
+        return action
+
     def vocabulary_texts(self) -> list[str]:
         """Every word of this environment that a few sampled episodes may miss (catalogue words,
         object names), for the tiny models' vocabulary (rollout.vocabulary). An environment whose
@@ -95,7 +134,7 @@ class TextEnv(abc.ABC):
         action = parse_answer_tag(text)
         if action is None:
             return None
-        action = " ".join(action.lower().split())
+        action = " ".join(self.chosen_action(action).lower().split())
         return action if self.is_valid_action(action) else None
 
     # ---- the protocol ------------------------------------------------------------------------

@@ -56,8 +56,10 @@ class HouseholdEnv(TextEnv):
     system_prompt = SYSTEM_PROMPT
 
     def __init__(self, families: tuple[str, ...] | list[str] | None = None, max_turns: int = 40,
-                 list_actions: bool = True):
-        super().__init__()
+                 list_actions: bool = True, numbered_actions: bool = False):
+        super().__init__(numbered_actions=numbered_actions)
+        # "household/v1-numbered" numbers the listed commands (see envs.base).
+        self.name = "household/v1-numbered" if numbered_actions else "household/v1"
         families = tuple(families) if families else tuple(FAMILIES)
         unknown = [f for f in families if f not in FAMILIES]
         if unknown:
@@ -101,7 +103,7 @@ class HouseholdEnv(TextEnv):
     def _with_actions(self, observation: str) -> str:
         if not self.list_actions:
             return observation
-        return observation + "\nAvailable actions: " + ", ".join(self.valid_actions())
+        return observation + "\n" + self.action_listing()
 
     def visible(self, receptacle: str) -> bool:
         return receptacle_type(receptacle) not in OPENABLE or receptacle in self.opened
@@ -171,7 +173,7 @@ class HouseholdEnv(TextEnv):
 
     def parse_action(self, text: str) -> str | None:
         action = parse_answer_tag(text)
-        return None if action is None else self.canonical(action)
+        return None if action is None else self.canonical(self.chosen_action(action))
 
     def _describe(self, receptacle: str) -> str:
         if receptacle_type(receptacle) in OPENABLE:

@@ -69,7 +69,7 @@ class HouseholdExpert(ScriptedAgent):
         return self._go_and_open(destination) or f"put {holding} {env.preposition(destination)} {destination}"
 
     def act(self, observation: str, info: dict[str, Any]) -> str:
-        return f"<answer>{self.next_action()}</answer>"
+        return f"<answer>{self.env.answer_for(self.next_action())}</answer>"
 
 
 def household_random_agent(seed: int = 0) -> RandomAgent:

@@ -37,7 +37,7 @@ class RandomAgent(ScriptedAgent):
                 choices.append(extra)
         if not choices:
             return "<answer>look</answer>"
-        return f"<answer>{self.rng.choice(choices)}</answer>"
+        return f"<answer>{self.env.answer_for(self.rng.choice(choices))}</answer>"
 
 
 def play_episode(env: TextEnv, agent: ScriptedAgent, seed: int) -> dict[str, Any]:

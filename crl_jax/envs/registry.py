@@ -23,6 +23,9 @@ _REGISTRY: dict[str, tuple[str, str, dict]] = {
     "textworld/treasure-hunter": ("crl_jax.envs.textworld_env", "TextWorldEnv", {"challenge": "treasure_hunter"}),
     "household/v1": ("crl_jax.envs.household", "HouseholdEnv", {}),
     "shop/v1": ("crl_jax.envs.shop", "ShopEnv", {}),
+    # The same two with numbered actions: an answer may be a listed action's number (envs.base).
+    "household/v1-numbered": ("crl_jax.envs.household", "HouseholdEnv", {"numbered_actions": True}),
+    "shop/v1-numbered": ("crl_jax.envs.shop", "ShopEnv", {"numbered_actions": True}),
     "alfworld/data": ("crl_jax.envs.alfworld_adapter", "ALFWorldEnv", {}),
     "webshop/data": ("crl_jax.envs.webshop_adapter", "WebShopEnv", {}),
 }

@@ -8,7 +8,9 @@ is accepted as a synonym of click for option values. Buying ends the episode wit
 reward (see `shop_catalog.score_purchase`); success means reward 1.
 
 `valid_actions()` lists the click actions of the current page; free-text search is allowed whenever
-`has_search_bar` is true and is checked by `is_valid_action`.
+`has_search_bar` is true and is checked by `is_valid_action`. "shop/v1-numbered" numbers the listed
+actions (see `envs.base`); its search page lists one search, with the customer's instruction as
+the keywords (the query WebShop's own random agent uses), so every step can be a choice.
 """
 
 from __future__ import annotations
@@ -42,8 +44,10 @@ class ShopEnv(TextEnv):
     system_prompt = SYSTEM_PROMPT
 
     def __init__(self, catalog_seed: int = 0, catalog_size: int = 1000, max_turns: int = 15,
-                 results_per_page: int = 10, max_results: int = 50, list_actions: bool = True):
-        super().__init__()
+                 results_per_page: int = 10, max_results: int = 50, list_actions: bool = True,
+                 numbered_actions: bool = False):
+        super().__init__(numbered_actions=numbered_actions)
+        self.name = "shop/v1-numbered" if numbered_actions else "shop/v1"
         if catalog_size < 1 or max_turns < 1 or results_per_page < 1 or max_results < 1:
             raise ValueError("shop: catalog_size, max_turns, results_per_page and max_results must "
                              f"be >= 1, got {catalog_size}, {max_turns}, {results_per_page}, {max_results}")
@@ -102,6 +106,12 @@ class ShopEnv(TextEnv):
     def valid_actions(self) -> list[str]:
         return [f"click[{label}]" for label in self.clickables()]
 
+    def listed_actions(self) -> list[str]:
+        if not self.has_search_bar:
+            return self.valid_actions()
+        # A search is free text; numbered, the page offers the instruction itself as the query.
+        return [f"search[{self.goal_spec.instruction}]" if self.numbered_actions else "search[<keywords>]"]
+
     def canonical(self, action: str) -> str | None:
         match = ACTION_PATTERN.match(" ".join(action.split()))
         if match is None:
@@ -117,7 +127,7 @@ class ShopEnv(TextEnv):
 
     def parse_action(self, text: str) -> str | None:
         action = parse_answer_tag(text)
-        return None if action is None else self.canonical(action)
+        return None if action is None else self.canonical(self.chosen_action(action))
 
     @property
     def invalid_action_message(self) -> str:
@@ -131,8 +141,7 @@ class ShopEnv(TextEnv):
         page = self._render_page()
         if not self.list_actions:
             return page
-        actions = (["search[<keywords>]"] if self.has_search_bar else []) + self.valid_actions()
-        return page + "\nAvailable actions: " + ", ".join(actions)
+        return page + "\n" + self.action_listing()
 
     def _render_page(self) -> str:
         head = f"Instruction: {self.goal_spec.instruction}\n"

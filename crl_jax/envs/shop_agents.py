@@ -36,6 +36,8 @@ class ShopExpert(ScriptedAgent):
         env, goal = self.env, self.env.goal_spec
         if env.page == "search":
             self.searches += 1
+            if self.searches == 1 and env.numbered_actions:
+                return env.listed_actions()[0]  # the instruction as the query: the one listed
             if self.searches == 1:
                 return f"search[{' '.join(goal.attributes)} {CATEGORIES[goal.category][0]}]"
             return f"search[{env.by_asin[goal.asin].title}]"
@@ -56,7 +58,7 @@ class ShopExpert(ScriptedAgent):
         return f"click[{BUY}]"
 
     def act(self, observation: str, info: dict[str, Any]) -> str:
-        return f"<answer>{self.next_action()}</answer>"
+        return f"<answer>{self.env.answer_for(self.next_action())}</answer>"
 
 
 def _search_with_instruction(env: TextEnv, info: dict[str, Any]) -> str | None:

@@ -39,6 +39,9 @@ class Demo:
     facts: lessons.EpisodeFacts
     entry: tuple[str, str] | None = None    # (title, content) injected into the system prompt
     searched: bool = False                  # opens with a search-and-ask call
+    # The action each assistant turn took, as the environment read it (None: invalid). Differs
+    # from the turn's text where an answer is a number (numbered actions).
+    actions: list[str | None] = dataclasses.field(default_factory=list)
 
 
 def _render(entry: tuple[str, str]) -> str:
@@ -64,14 +67,15 @@ def play_demo(env, task: str, seed: int, epsilon: float, rng: np.random.Generato
                      {"role": "user",
                       "content": prompts.search_result_text(lessons.refine_reply(entry[1]))}]
         turns -= 1
-    actions, success, invalid = 0, False, 0
+    taken: list[str | None] = []
+    success, invalid = False, 0
     for _ in range(turns):
         action = expert.act(observation, info)
         if rng.random() < epsilon:
             action = random_agent.act(observation, info)
         messages.append({"role": "assistant", "content": action})
         observation, _, terminated, truncated, info = env.step(action)
-        actions += 1
+        taken.append(info.get("action"))
         success = bool(info.get("success", False))
         invalid = int(info.get("invalid_actions", invalid))
         if terminated or truncated:
@@ -79,8 +83,8 @@ def play_demo(env, task: str, seed: int, epsilon: float, rng: np.random.Generato
         messages.append({"role": "user", "content": observation})
     if messages[-1]["role"] == "user":
         messages.pop()  # the actor loop never trains on (or shows) the last observation
-    facts = lessons.EpisodeFacts(task, success, actions, invalid, max_turns or env.max_turns)
-    return Demo(task, seed, epsilon, messages, facts, entry, search and entry is not None)
+    facts = lessons.EpisodeFacts(task, success, len(taken), invalid, max_turns or env.max_turns)
+    return Demo(task, seed, epsilon, messages, facts, entry, search and entry is not None, taken)
 
 
 def collect_demos(tasks: Sequence[dict], *, max_turns: int, epsilons: Sequence[float],

@@ -6,7 +6,8 @@
     python experiments/run.py --config=multi_task.py:six,baseline
 
 Every single-task variant (baseline, static, exp_only, no_merge, ...) applies here too; `dark`
-swaps the lit room for the paper's dark one, as in single_task.py.
+swaps the lit room for the paper's dark one, as in single_task.py; `numbered` plays shop and
+household with numbered actions (an answer may be a listed action's number, crl_jax.envs.base).
 """
 
 import os
@@ -18,6 +19,7 @@ import single_task  # noqa: E402
 # The room is the single task's (lit: the tiny models do not learn the dark one in minutes).
 ROOM = single_task.base_config().tasks[0]
 THREE = (ROOM, "shop/v1", "household/v1")
+NUMBERED = {"shop/v1": "shop/v1-numbered", "household/v1": "household/v1-numbered"}
 SIX = THREE[:1] + ("minihack/mazewalk-9x9", "minihack/keyroom-dark-s5", "sokoban/6x6-2box") + THREE[1:]
 
 # Turns and context per mixture, sized from the scripted expert (tests/test_experiment_configs.py
@@ -51,6 +53,8 @@ def get_config(arg: str | None = None):
             continue
         if variant == "dark":
             c.tasks = tuple("minihack/room-ultimate-5x5" if t == ROOM else t for t in c.tasks)
+        elif variant == "numbered":
+            c.tasks = tuple(NUMBERED.get(t, t) for t in c.tasks)
         else:
             single_task.apply_variant(c, variant)
     return c
