@@ -21,11 +21,13 @@ from crl_jax.warm_start import demos, lessons
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments",
                           "configs")
 SETTINGS = ("single_task.py", "multi_task.py:three", "multi_task.py:six")
+# Numbered actions lengthen every listing (and the shop's search page lists the instruction).
+TASK_SETTINGS = SETTINGS + ("multi_task.py:three,numbered", "multi_task.py:six,numbered")
 SEEDS = range(20)
 MIN_EXPERT_SUCCESS = 0.6  # the maze, key room and Sokoban at 10 turns: 0.65-0.8 over 30 seeds
 
 
-@pytest.mark.parametrize("spec", SETTINGS)
+@pytest.mark.parametrize("spec", TASK_SETTINGS)
 def test_the_expert_solves_the_tasks_within_the_turns_and_context(spec):
     cfg = load_config(spec, config_dir=CONFIG_DIR)
     tokenizer = build_tokenizer(cfg.tasks)
@@ -56,6 +58,9 @@ def test_mixture_variants_compose():
     assert three.tasks[0] == single.tasks[0]  # the same room as the single task
     assert not six_baseline.memory.enabled and six_baseline.rollout.max_turns == 10
     assert dark.tasks[0] == "minihack/room-ultimate-5x5" and dark.tasks[1:] == six_baseline.tasks[1:]
+    numbered = load_config("multi_task.py:six,numbered,baseline", config_dir=CONFIG_DIR)
+    assert numbered.tasks[:4] == six_baseline.tasks[:4]
+    assert numbered.tasks[4:] == ("shop/v1-numbered", "household/v1-numbered")
     # An equal episode budget per step for every mixture.
     assert three.rollout.groups_per_step == six_baseline.rollout.groups_per_step
 
