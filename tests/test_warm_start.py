@@ -167,6 +167,30 @@ def test_goal_windows_keep_the_goal_at_its_true_distance():
         demos.action_windows([(ids, mask)], window=6, goals=[])
 
 
+def test_goal_windows_fit_max_len_without_losing_their_action():
+    """A batch cuts examples at its length from the end, which would drop the action: windows
+    that would pass `max_len` keep fewer tokens before their action instead."""
+    ids = np.arange(40, dtype=np.int32) + 100
+    mask = np.zeros(40, bool)
+    mask[[12, 13, 30, 31]] = True                   # the goal message is tokens 4..8
+    windows = demos.action_windows([(ids, mask)], window=6, goals=[(4, 9)], max_len=8)
+    # One piece from the goal (10 tokens) keeps its last 8; goal (5) + page keeps 3 page tokens.
+    assert windows[0][2].tolist() == list(range(6, 14))
+    assert windows[1][2].tolist() == [4, 5, 6, 7, 8, 29, 30, 31]
+    for w_ids, w_mask, w_pos in windows:
+        assert len(w_ids) <= 8
+        np.testing.assert_array_equal(w_ids, ids[w_pos])
+        assert w_mask.sum() == 2 and w_mask[-2:].all()  # the whole action, still trained
+    # Lengths that fit are untouched.
+    roomy = demos.action_windows([(ids, mask)], window=6, goals=[(4, 9)], max_len=64)
+    assert [w[2].tolist() for w in roomy] == [w[2].tolist() for w in
+                                              demos.action_windows([(ids, mask)], window=6, goals=[(4, 9)])]
+    with pytest.raises(ValueError, match="does not fit max_len=6"):
+        demos.action_windows([(ids, mask)], window=6, goals=[(4, 9)], max_len=6)
+    with pytest.raises(ValueError, match="shorter than the window"):
+        demos.action_windows([(ids, mask)], window=6, max_len=4)
+
+
 def test_goal_spans_find_the_first_user_message(short_tokenizer):
     demo = short_demos(1)[0]
     (start, end), = demos.goal_spans(short_tokenizer, [demo])

@@ -203,7 +203,8 @@ def run_warm_start(cfg: WarmStartConfig, inputs: WarmStartInputs, workdir: str):
         else:
             goals, sizing = None, dict(max_len=window, granule=window)
         params, summary["actor_window"] = train_supervised(
-            "actor_window", actor_state, demos_lib.action_windows(actor_examples, window, goals),
+            "actor_window", actor_state,
+            demos_lib.action_windows(actor_examples, window, goals, max_len=inputs.actor_max_len),
             steps=cfg.window_steps, batch_size=cfg.window_batch_size, learning_rate=cfg.learning_rate,
             mesh=inputs.mesh, seed=inputs.seed, writer=writer, step_offset=0, **sizing)
         actor_state = actor_state.replace(params=params)

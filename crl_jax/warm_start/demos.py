@@ -151,7 +151,7 @@ def goal_spans(tokenizer: Tokenizer, demos: Sequence[Demo]) -> list[tuple[int, i
 
 
 def action_windows(examples: Sequence[Example], window: int,
-                   goals: Sequence[tuple[int, int]] | None = None) -> list:
+                   goals: Sequence[tuple[int, int]] | None = None, max_len: int | None = None) -> list:
     """One example per trained span (an action and its end marker) of each example: the last
     `window` tokens up to the span's end, with only that span trained.
 
@@ -165,9 +165,13 @@ def action_windows(examples: Sequence[Example], window: int,
     (ids, mask, positions): the gap between the two pieces keeps its true length, so attending
     from an action back to the goal is learnt at the distance it has in the whole transcript.
     Household actions name the goal's object and receptacle, and shop searches its keywords, but
-    their goal is hundreds of tokens before the action (the pages list every available action)."""
+    their goal is hundreds of tokens before the action (the pages list every available action).
+    `max_len` bounds a goal-preceded example's length (the batch length): one that would pass it
+    keeps fewer tokens before its action (the batch would otherwise cut the action itself)."""
     if window <= 0:
         raise ValueError(f"window must be > 0, got {window}")
+    if max_len is not None and max_len < window:
+        raise ValueError(f"max_len {max_len} is shorter than the window {window}")
     if goals is not None and len(goals) != len(examples):
         raise ValueError(f"{len(goals)} goal spans for {len(examples)} examples")
     out = []
@@ -179,6 +183,12 @@ def action_windows(examples: Sequence[Example], window: int,
             reaches_goal = goals is not None and goal_end >= first
             if reaches_goal:  # the window reaches into the goal: one piece from the goal's start
                 first = min(first, goal_start)
+            if goals is not None and max_len is not None:  # fit max_len by dropping page tokens
+                goal_len = 0 if reaches_goal else goal_end - goal_start
+                if goal_len + min(end - start, window) > max_len:
+                    raise ValueError(f"an action of {end - start} tokens after a goal message of "
+                                     f"{goal_len} does not fit max_len={max_len}")
+                first = max(first, end - (max_len - goal_len))
             span = np.zeros(end - first, bool)
             span[max(start, first) - first:] = True
             if goals is None:
