@@ -23,6 +23,7 @@ import re
 from typing import Any
 
 ANSWER_PATTERN = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
+NUMBER_PATTERN = re.compile(r"[0-9]{1,6}")  # ASCII digits only: int() rejects some str.isdigit() ones
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,7 +108,7 @@ class TextEnv(abc.ABC):
     def chosen_action(self, answer: str) -> str:
         """The listed action an answer's number stands for under `numbered_actions`; any other
         answer unchanged (a number out of range stays a number, which no action matches)."""
-        if self.numbered_actions and answer.strip().isdigit():
+        if self.numbered_actions and NUMBER_PATTERN.fullmatch(answer.strip()):
             listed = self.listed_actions()
             number = int(answer)
             if 1 <= number <= len(listed):

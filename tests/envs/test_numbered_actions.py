@@ -46,7 +46,7 @@ def test_a_number_is_the_listed_action(name):
 
 
 @pytest.mark.parametrize("name", NUMBERED)
-@pytest.mark.parametrize("answer", ["0", "999", "-1", "2.5"])
+@pytest.mark.parametrize("answer", ["0", "999", "-1", "2.5", "\u00b2", "1" * 40])
 def test_numbers_outside_the_list_are_invalid(name, answer):
     env = envs.make(name)
     env.reset(3)
