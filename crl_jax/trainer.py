@@ -26,7 +26,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from crl_jax import distributed, envs, models, roles, sharding
+from crl_jax import distributed, envs, models, roles, sharding, workdir_lock
 from crl_jax import metrics as metrics_lib
 from crl_jax.checkpoint import Checkpointer, config_digest
 from crl_jax.config import ConfigError, RunConfig
@@ -106,6 +106,8 @@ class Trainer:
     def __init__(self, cfg: RunConfig, workdir: str):
         self.cfg, self.workdir = cfg, workdir
         os.makedirs(workdir, exist_ok=True)
+        if jax.process_index() == 0:  # before anything in the workdir is read or written
+            workdir_lock.acquire(workdir)
         self.mesh, self.extractor_mesh = roles.role_meshes(cfg.mesh_shape, cfg.extractor_devices,
                                                            cfg.extractor_mesh_shape)
         # Multi-host: states train on the global mesh; samplers and the bank use host-local devices.
@@ -513,6 +515,7 @@ class Trainer:
             from crl_jax import report
 
             report.write_report(self.workdir)
+            workdir_lock.release(self.workdir)
         return last
 
     def warm_start(self) -> dict:

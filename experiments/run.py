@@ -4,7 +4,7 @@
 with variants after a colon (`single_task.py:baseline`); `--config.section.key=value` overrides
 any setting; `--workdir` chooses where checkpoints, logs and the report go. A run restarted with
 the same workdir resumes from its newest valid checkpoint. A bad config is reported one line per
-problem, before any training, with exit status 2.
+problem, before any training, with exit status 2; so is a workdir another run is using.
 
 Multi-host: set CRL_JAX_DISTRIBUTED=1 (launch_tpu.sh does) to call jax.distributed.initialize()
 (see crl_jax/distributed.py; CRL_JAX_COORDINATOR, CRL_JAX_NUM_PROCESSES and CRL_JAX_PROCESS_ID
@@ -42,6 +42,7 @@ def main(argv: list[str]) -> None:
     spec, overrides, workdir = parse_args(argv)
     from crl_jax.config import ConfigError
     from crl_jax.config_loading import load_config
+    from crl_jax.workdir_lock import WorkdirInUse
 
     try:
         cfg = load_config(spec, overrides, config_dir=os.path.join(_HERE, "configs"))
@@ -56,6 +57,9 @@ def main(argv: list[str]) -> None:
     except ConfigError as err:
         for problem in err.problems:
             print(f"config error: {problem}", file=sys.stderr)
+        sys.exit(2)
+    except WorkdirInUse as err:
+        print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
 
 
