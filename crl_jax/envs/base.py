@@ -130,13 +130,16 @@ class TextEnv(abc.ABC):
         words all show up in any dozen episodes keeps the default, no texts."""
         return []
 
+    def canonical(self, action: str) -> str | None:
+        """The action as `_step` takes it (accepted spellings mapped onto one form), or None when
+        it is not valid now. By default: lower case, single spaces, and one of `valid_actions`."""
+        action = " ".join(action.lower().split())
+        return action if self.is_valid_action(action) else None
+
     def parse_action(self, text: str) -> str | None:
         """Extract the action from model output; None when there is none or it is not valid."""
         action = parse_answer_tag(text)
-        if action is None:
-            return None
-        action = " ".join(self.chosen_action(action).lower().split())
-        return action if self.is_valid_action(action) else None
+        return None if action is None else self.canonical(self.chosen_action(action))
 
     # ---- the protocol ------------------------------------------------------------------------
     def reset(self, seed: int) -> tuple[str, dict[str, Any]]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from crl_jax.envs.base import TextEnv, parse_answer_tag
+from crl_jax.envs.base import TextEnv
 from crl_jax.envs.household_world import (CONTAINERS, FAMILIES, FIXED, OPENABLE, PRIORS, ROOMS,
                                           Scene, generate_scene, receptacle_type)
 
@@ -170,10 +170,6 @@ class HouseholdEnv(TextEnv):
 
     def is_valid_action(self, action: str) -> bool:
         return self.scene is not None and self.canonical(action) is not None
-
-    def parse_action(self, text: str) -> str | None:
-        action = parse_answer_tag(text)
-        return None if action is None else self.canonical(self.chosen_action(action))
 
     def _describe(self, receptacle: str) -> str:
         if receptacle_type(receptacle) in OPENABLE:

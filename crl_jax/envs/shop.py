@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 
-from crl_jax.envs.base import TextEnv, parse_answer_tag
+from crl_jax.envs.base import TextEnv
 from crl_jax.envs.shop_catalog import (BRANDS, CATEGORIES, Goal, Product, build_catalog, make_goal,
                                        score_purchase, search_index)
 
@@ -124,10 +124,6 @@ class ShopEnv(TextEnv):
 
     def is_valid_action(self, action: str) -> bool:
         return self.goal_spec is not None and self.canonical(action) is not None
-
-    def parse_action(self, text: str) -> str | None:
-        action = parse_answer_tag(text)
-        return None if action is None else self.canonical(self.chosen_action(action))
 
     @property
     def invalid_action_message(self) -> str:
