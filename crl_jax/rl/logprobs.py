@@ -52,12 +52,15 @@ def logprobs_from_hidden(hidden, head, tokens, *, chunk: int = 0, with_entropy: 
     if pad:
         h = jnp.pad(h, ((0, 0), (0, pad), (0, 0)))
         targets = jnp.pad(targets, ((0, 0), (0, pad)))
-    stats = jax.checkpoint(functools.partial(_chunk_stats, with_entropy=with_entropy))
+    stats = functools.partial(_chunk_stats, with_entropy=with_entropy)
     if n == 1:
+        # One chunk: the whole [B, T, V] block is live in the forward anyway, so keeping it for
+        # the backward costs no extra peak and saves recomputing the head matmul.
         logp, ent = stats(h, head, targets)
     else:
         hs = jnp.swapaxes(h.reshape(b, n, c, d), 0, 1)
         ts = jnp.swapaxes(targets.reshape(b, n, c), 0, 1)
+        stats = jax.checkpoint(stats)  # the backward recomputes one chunk at a time
         _, (logp, ent) = jax.lax.scan(lambda carry, xs: (carry, stats(xs[0], head, xs[1])),
                                       None, (hs, ts))
         logp = jnp.swapaxes(logp, 0, 1).reshape(b, n * c)
