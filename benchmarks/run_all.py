@@ -11,6 +11,10 @@ and the others still run; the exit status is 1 if any failed.
     python benchmarks/run_all.py --quick               # smaller sizes, for a smoke run
     python benchmarks/run_all.py --only sampler,retrieval
 
+With `--only`, the rows of the benchmarks not rerun are kept from the results.json already in
+`--out` (when it was made at the same sizes), so the table can be refreshed one benchmark at a
+time; each benchmark's line at the end of the table says when it was measured.
+
 The benchmarks import the crl_jax next to this file (PYTHONPATH is set for them), so a checkout's
 own code is measured. Nothing here imports jax: the table logic is tested without benchmarks.
 """
@@ -339,6 +343,10 @@ def render_markdown(results: list[dict], header: dict) -> str:
     failed = [r["name"] for r in results if r["status"] != "ok"]
     times = ", ".join(f"{r['name']} {r['elapsed_s']:.0f} s" for r in results)
     lines += ["", f"Wall time per benchmark: {times}."]
+    kept = [r for r in results if r.get("date", header["date"]) != header["date"]]
+    if kept:
+        lines.append("Kept from earlier runs (not rerun by this command): " + ", ".join(
+            f"{r['name']} (measured {r['date']})" for r in kept) + ".")
     if failed:
         lines.append(f"Failed: {', '.join(failed)}.")
     return "\n".join(lines) + "\n"
@@ -347,6 +355,20 @@ def render_markdown(results: list[dict], header: dict) -> str:
 def summary_json(results: list[dict], header: dict) -> dict:
     return {**header, "failed": [r["name"] for r in results if r["status"] != "ok"],
             "benchmarks": results}
+
+
+def merge_results(previous: dict | None, fresh: list[dict], quick: bool) -> list[dict]:
+    """`fresh` results in place of the same benchmarks' results in `previous` (a results.json
+    summary), the others kept, in BENCHMARKS order. A previous table made at the other sizes
+    (--quick or not) is not mixed in."""
+    if not previous or bool(previous.get("quick")) != bool(quick):
+        return fresh
+    by_name = {r["name"]: dict(r, date=r.get("date", previous.get("date"))) for r in
+               previous.get("benchmarks", [])}
+    by_name.update({r["name"]: r for r in fresh})
+    order = [b.name for b in BENCHMARKS]
+    return sorted(by_name.values(),
+                  key=lambda r: order.index(r["name"]) if r["name"] in order else len(order))
 
 
 def select(only: str | None) -> list[Bench]:
@@ -393,19 +415,24 @@ def main(argv=None) -> int:
         timeout = bench.timeout_s if args.timeout is None else args.timeout
         print(f"[{i}/{len(benches)}] {bench.name}: {display_command(bench, args.quick)} "
               f"(timeout {timeout:.0f} s, total {time.time() - total_start:.0f} s)", flush=True)
-        res = run_one(bench, args.quick, timeout, total_start=total_start)
+        res = dict(run_one(bench, args.quick, timeout, total_start=total_start),
+                   date=header["date"])
         results.append(res)
         if res["status"] == "ok":
             print(f"    ok in {res['elapsed_s']:.0f} s, {len(res['rows'])} row(s)", flush=True)
         else:
             print(f"    {res['status'].upper()} in {res['elapsed_s']:.0f} s: {res['error']}",
                   flush=True)
+    failed = [r["name"] for r in results if r["status"] != "ok"]
     os.makedirs(args.out, exist_ok=True)
+    previous_path = os.path.join(args.out, "results.json")
+    if args.only and os.path.exists(previous_path):
+        with open(previous_path) as f:
+            results = merge_results(json.load(f), results, args.quick)
     with open(os.path.join(args.out, "results.md"), "w") as f:
         f.write(render_markdown(results, header))
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump(summary_json(results, header), f, indent=1)
-    failed = [r["name"] for r in results if r["status"] != "ok"]
     print(f"done in {time.time() - total_start:.0f} s; wrote results.md and results.json"
           + (f"; FAILED: {', '.join(failed)}" if failed else ""), flush=True)
     return 1 if failed else 0

@@ -170,3 +170,20 @@ def test_only_and_quick_commands():
         assert os.path.exists(os.path.join(ROOT, bench.script))
         assert run_all.display_command(bench, quick=False).startswith(f"python {bench.script}")
         assert bench.quick_args != bench.args
+
+
+def test_only_run_keeps_the_other_benchmarks_rows():
+    ok, crashed, _, _ = _fake_results()
+    previous = run_all.summary_json([ok, crashed], dict(HEADER, quick=False))
+    rerun = dict(crashed, status="ok", error=None, rows=[], date="2000-02-02 00:00")
+    merged = run_all.merge_results(previous, [rerun], quick=False)
+    # The rerun replaces its old result; the other keeps its rows and gets the old table's date.
+    assert [r["name"] for r in merged] == ["sampler", "train_step"]
+    assert merged[0]["rows"] == ok["rows"] and merged[0]["date"] == HEADER["date"]
+    assert merged[1] is rerun
+    table = run_all.render_markdown(merged, dict(HEADER, date="2000-02-02 00:00"))
+    assert f"Kept from earlier runs (not rerun by this command): sampler (measured " \
+           f"{HEADER['date']})." in table
+    # A table made at the other sizes is not mixed in, nor is a missing one.
+    assert run_all.merge_results(dict(previous, quick=True), [rerun], quick=False) == [rerun]
+    assert run_all.merge_results(None, [rerun], quick=False) == [rerun]
