@@ -12,6 +12,7 @@ import pytest
 
 from crl_jax import envs, models, sharding
 from crl_jax.config_loading import load_config
+from crl_jax.memory import prompts
 from crl_jax.rl import aot, memory_fit
 from crl_jax.rl.state import OptimizerConfig
 from crl_jax.rl.train_step import TrainConfig
@@ -47,6 +48,25 @@ def test_the_expert_solves_the_tasks_within_the_turns_and_context(spec):
         assert np.mean(solved) >= MIN_EXPERT_SUCCESS, (name, np.mean(solved), cfg.rollout.max_turns)
         assert longest <= room, (name, longest, cfg.rollout.cache_length)
     assert cfg.rl.max_seq_len >= cfg.rollout.cache_length
+
+
+@pytest.mark.parametrize("spec", SETTINGS)
+def test_the_extractor_can_write_a_whole_merge_and_read_its_prompt(spec):
+    """A merge reply writes every lesson it keeps in full, so a chunk whose lessons are all
+    distinct needs one item per lesson of the family; a reply cut at max_new_tokens is unparsable
+    and the merge is lost. (At 128 tokens every single-task merge with two or more distinct
+    lessons was cut.) The chunk's prompt, with the items carried from the previous chunk, must
+    fit the room before the reply too."""
+    cfg = load_config(spec, config_dir=CONFIG_DIR)
+    tokenizer = build_tokenizer(cfg.tasks)
+    room = cfg.extractor.cache_length - cfg.extractor.max_new_tokens
+    for name in cfg.tasks:
+        family = lessons.all_lessons(name)
+        reply = lessons.merge_reply(family + family[:1])  # a repeat, so every lesson is written
+        assert len(tokenizer.encode(reply)) + 1 <= cfg.extractor.max_new_tokens, (name, reply)
+        shown = family + family[:1] * cfg.memory.merge_chunk  # carried items, then a full chunk
+        prompt = prompts.merge_messages([f"<title>{t}</title>\n<content>{c}</content>" for t, c in shown])
+        assert len(tokenizer.encode_chat(prompt, add_generation_prompt=True).ids) <= room, name
 
 
 def test_mixture_variants_compose():

@@ -47,9 +47,12 @@ def base_config() -> config_dict.ConfigDict:
                     demote_probability=0.5)
     # Distillation prompts longer than the cache lose the middle of the transcript (see
     # rollout.extractor.prompt_ids); a lower temperature keeps the small extractor's operations
-    # well formed.
-    c.extractor = dict(train=True, batch_size=16, cooldown_steps=1, weight_power=0.5, max_new_tokens=128,
-                       cache_length=896, temperature=0.7, top_p=0.99)
+    # well formed. 384 new tokens: a merge writes every lesson it keeps in full, up to ~340 tokens
+    # for a family's four lessons (at 128 every merge of two or more distinct lessons was cut off
+    # and lost); 896 tokens of room for a merge chunk with the lessons carried into it.
+    # tests/test_experiment_configs.py checks both for every setting.
+    c.extractor = dict(train=True, batch_size=16, cooldown_steps=1, weight_power=0.5, max_new_tokens=384,
+                       cache_length=1280, temperature=0.7, top_p=0.99)
     # Actor lr 8e-4: at 1e-4, twenty steps barely move a ~1M-parameter model. From one warm start,
     # 20 steps at 5e-4 / 8e-4 ended at 0.38 / 0.44 test success (128 rooms), and 1.5e-3 at 0.27
     # (64 rooms) with twice the invalid actions.
@@ -66,11 +69,13 @@ def base_config() -> config_dict.ConfigDict:
     # learns to read the observation; whole episodes alone left it at chance), then on whole
     # episodes; and SFT of the extractor on scripted summaries. 500 window steps, not 300: the
     # window loss drops from ~0.4 to ~0.2 at a seed-dependent step (seed 0 by step 210), and
-    # seed 1's warm start reached 0.16 test success with 300, 0.34 with 500.
+    # seed 1's warm start reached 0.16 test success with 300, 0.34 with 500. The extractor sees
+    # 128 merge examples among its ~600 distillations and refinements: with 16, it never learnt
+    # the merge format (every merge of a run answered neither items nor <<<RETURN>>>).
     c.warm_start = dict(enabled=True, episodes=512, epsilons=(0.0, 0.25, 0.5), guided_fraction=0.5,
                         search_fraction=0.2, actor_window=96, window_steps=500, window_batch_size=32,
                         window_goal=False,
-                        actor_steps=20, extractor_steps=120, merge_examples=16,
+                        actor_steps=20, extractor_steps=200, merge_examples=128,
                         batch_size=8, learning_rate=3e-3, extractor_learning_rate=5e-3)
     c.checkpoint = dict(every=10, keep=3)
     return config_dict.ConfigDict(c)
