@@ -27,13 +27,8 @@ from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 # Tags the method's prompts use; single tokens in the word-level tokenizer.
-# The method's format markers: reasoning and answer, the search tool, and the bank's entries and
-# merge items. Whole tokens, so a tiny model writes a marker in one step instead of spelling it
-# (`<<<KNOWLEDGE_ITEM>>>` was seven tokens, and the nano extractor lost count of the `<`s).
 METHOD_TAGS = ("<think>", "</think>", "<answer>", "</answer>",
-               "<knowledge_search_and_ask>", "</knowledge_search_and_ask>",
-               "<title>", "</title>", "<content>", "</content>",
-               "<<<KNOWLEDGE_ITEM>>>", "<<<END_ITEM>>>", "<<<RETURN>>>")
+               "<knowledge_search_and_ask>", "</knowledge_search_and_ask>")
 ROLES = ("system", "user", "assistant")
 
 
