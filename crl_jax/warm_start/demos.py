@@ -215,10 +215,8 @@ def _reply_example(tokenizer: Tokenizer, messages: list[dict], reply: str, room:
 def extractor_examples(tokenizer: Tokenizer, demos: Sequence[Demo], *, room: int, merges: int,
                        seed: int) -> tuple[list[Example], dict[str, int]]:
     """Distillation replies for every demo, refinement replies for the demos that searched, and
-    `merges` merge replies over random chunks of 2-8 of their family's lessons (with repeats, so
-    most chunks need merging; a run's merge shows a chunk of memory.merge_chunk entries plus the
-    items carried from the previous chunk). `room` is the extractor's prompt budget (cache minus
-    new tokens)."""
+    `merges` merge replies over random chunks of their family's lessons (with repeats, so some
+    chunks need merging). `room` is the extractor's prompt budget (cache minus new tokens)."""
     out, counts = [], {"distill": 0, "refine": 0, "merge": 0}
     for demo in demos:
         retrieved = [demo.entry] if demo.entry is not None else []
@@ -234,7 +232,7 @@ def extractor_examples(tokenizer: Tokenizer, demos: Sequence[Demo], *, room: int
     names = sorted({d.task for d in demos})
     for _ in range(merges if names else 0):
         options = lessons.all_lessons(names[int(rng.integers(len(names)))])
-        chunk = [options[int(i)] for i in rng.integers(len(options), size=int(rng.integers(2, 9)))]
+        chunk = [options[int(i)] for i in rng.integers(len(options), size=int(rng.integers(2, 5)))]
         messages = prompts.merge_messages([_render(e) for e in chunk])
         out.append(_reply_example(tokenizer, messages, lessons.merge_reply(chunk), room))
         counts["merge"] += 1
