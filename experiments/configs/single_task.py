@@ -70,7 +70,7 @@ def base_config() -> config_dict.ConfigDict:
     # episodes; and SFT of the extractor on scripted summaries. 500 window steps, not 300: the
     # window loss drops from ~0.4 to ~0.2 at a seed-dependent step (seed 0 by step 210), and
     # seed 1's warm start reached 0.16 test success with 300, 0.34 with 500. The nano extractor
-    # does not learn merges from 16 examples (its merge replies parse in 0-1 of 7 calls), but 128
+    # does not learn merges from 16 examples (none of a run's merge replies parses), but 128
     # examples of 2-8 lessons over 200 steps cost its distillations: 130 of 272 unparsable in a
     # run, against 6 of 288, for merges parsing in 1 of 6 calls. Distillation matters more.
     c.warm_start = dict(enabled=True, episodes=512, epsilons=(0.0, 0.25, 0.5), guided_fraction=0.5,
