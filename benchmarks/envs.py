@@ -84,7 +84,7 @@ def main(argv=None) -> int:
         row = bench_env(name, seeds)
         rows.append(row)
         print(f"done {name}: {row}", file=sys.stderr, flush=True)
-    print(f"| env | expert success | random success | expert turns | random turns | env steps/s |")
+    print("| env | expert success | random success | expert turns | random turns | env steps/s |")
     print("|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['env']} | {r['expert_success']:.2f} | {r['random_success']:.2f} | "
