@@ -13,6 +13,7 @@ import pytest
 from crl_jax import envs, models, sharding
 from crl_jax.config_loading import load_config
 from crl_jax.memory import prompts
+from crl_jax.memory.text_store import render_entry
 from crl_jax.rl import aot, memory_fit
 from crl_jax.rl.state import OptimizerConfig
 from crl_jax.rl.train_step import TrainConfig
@@ -65,7 +66,7 @@ def test_the_extractor_can_write_a_whole_merge_and_read_its_prompt(spec):
         reply = lessons.merge_reply(family + family[:1])  # a repeat, so every lesson is written
         assert len(tokenizer.encode(reply)) + 1 <= cfg.extractor.max_new_tokens, (name, reply)
         shown = family + family[:1] * cfg.memory.merge_chunk  # carried items, then a full chunk
-        prompt = prompts.merge_messages([f"<title>{t}</title>\n<content>{c}</content>" for t, c in shown])
+        prompt = prompts.merge_messages([render_entry(t, c) for t, c in shown])
         assert len(tokenizer.encode_chat(prompt, add_generation_prompt=True).ids) <= room, name
 
 

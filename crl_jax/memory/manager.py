@@ -34,7 +34,7 @@ from crl_jax.memory import ops
 from crl_jax.memory.bank import NEVER, Bank, init_bank
 from crl_jax.memory.prompts import merge_messages
 from crl_jax.memory.search import BankFns
-from crl_jax.memory.text_store import Entry, Generation, TextStore
+from crl_jax.memory.text_store import Entry, Generation, TextStore, render_entry
 
 # (chat messages) -> (generated text, its Generation or None); the extractor's sampler.
 MergeGenerate = Callable[[list[dict]], tuple[str, "Generation | None"]]
@@ -221,7 +221,7 @@ class MemoryManager:
         carried: list[tuple[str, str, Generation | None]] = []
         for start in range(0, len(entries), self.cfg.merge_chunk):
             chunk = entries[start:start + self.cfg.merge_chunk]
-            shown = [f"<title>{t}</title>\n<content>{c}</content>" for t, c, _ in carried]
+            shown = [render_entry(t, c) for t, c, _ in carried]
             shown += [e.render() for e in chunk]
             text, gen = generate(merge_messages(shown))
             items, reason = ops.parse_merge(text)

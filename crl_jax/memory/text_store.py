@@ -43,6 +43,11 @@ class Generation:
                    d.get("kind", "distill"))
 
 
+def render_entry(title: str, content: str) -> str:
+    """A bank entry as the actor and the extractor see it (retrieval, distillation, merge)."""
+    return f"<title>{title}</title>\n<content>{content}</content>"
+
+
 @dataclasses.dataclass(frozen=True)
 class Entry:
     entry_id: int
@@ -55,7 +60,7 @@ class Entry:
 
     def render(self) -> str:
         """The entry as the actor and the extractor see it."""
-        return f"<title>{self.title}</title>\n<content>{self.content}</content>"
+        return render_entry(self.title, self.content)
 
     def to_json(self) -> dict:
         d = dataclasses.asdict(self)

@@ -23,7 +23,7 @@ import numpy as np
 from crl_jax import envs
 from crl_jax.envs.experts import expert_for, random_agent_for
 from crl_jax.memory import prompts
-from crl_jax.memory.text_store import Entry
+from crl_jax.memory.text_store import render_entry
 from crl_jax.rollout.actor import first_user_message
 from crl_jax.rollout.extractor import prompt_ids
 from crl_jax.tokenizer import Tokenizer
@@ -45,7 +45,7 @@ class Demo:
 
 
 def _render(entry: tuple[str, str]) -> str:
-    return Entry(0, "", entry[0], entry[1], "", 0).render()
+    return render_entry(*entry)
 
 
 def play_demo(env, task: str, seed: int, epsilon: float, rng: np.random.Generator, *, max_turns: int,
