@@ -271,7 +271,8 @@ def _cross_checks(cfg: RunConfig) -> list[str]:
     if cfg.extractor.max_new_tokens >= cfg.extractor.cache_length:
         problems.append("extractor.max_new_tokens: must be < extractor.cache_length")
     if len(cfg.mesh_shape) != 3 or cfg.mesh_shape.count(-1) > 1:
-        problems.append(f"mesh_shape: three axes (data, fsdp, tensor) with at most one -1; got {cfg.mesh_shape}")
+        problems.append("mesh_shape: three axes (data, fsdp, tensor) with at most one -1; "
+                        f"got {cfg.mesh_shape}")
     if len(cfg.extractor_mesh_shape) != 3 or cfg.extractor_mesh_shape.count(-1) > 1:
         problems.append("extractor_mesh_shape: three axes (data, fsdp, tensor) with at most one -1; "
                         f"got {cfg.extractor_mesh_shape}")

@@ -203,7 +203,8 @@ def _before_after(rows: list[dict]) -> list[str]:
             "episode and number of test episodes. Change: after minus before, with its standard "
             "error (binomial, the two evaluations taken as independent).", "",
             "| evaluation | success before | actions before | episodes | last step | success after "
-            "| actions after | episodes | change ± s.e. |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|", *out]
+            "| actions after | episodes | change ± s.e. |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|", *out]
 
 
 def _change(start: dict, end: dict) -> str:

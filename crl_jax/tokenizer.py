@@ -1,4 +1,5 @@
-"""Tokenizers: local Hugging Face tokenizers, ChatML chat encoding with assistant masks, word-level vocabularies.
+"""Tokenizers: local Hugging Face tokenizers, ChatML chat encoding with assistant masks, word-level
+vocabularies.
 
 Owns the host-side text <-> token-id boundary:
 - `Tokenizer`: a `tokenizers.Tokenizer` plus its special tokens and chat format, loaded from a local
@@ -62,7 +63,8 @@ class ChatML:
 
 def _check_messages(messages) -> None:
     for i, m in enumerate(messages):
-        if not isinstance(m, Mapping) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+        if (not isinstance(m, Mapping) or not isinstance(m.get("role"), str)
+                or not isinstance(m.get("content"), str)):
             raise ValueError(f"message {i} must be a dict with string 'role' and 'content', got {m!r}")
 
 
@@ -98,7 +100,8 @@ class Tokenizer:
                  chat: ChatML | None = None, chat_template: str | None = None,
                  extra_stop_ids: Iterable[int] = ()):
         self.backend = backend
-        self.eos_token, self.pad_token, self.bos_token, self.unk_token = eos_token, pad_token, bos_token, unk_token
+        self.eos_token, self.pad_token = eos_token, pad_token
+        self.bos_token, self.unk_token = bos_token, unk_token
         self.chat = chat
         self.chat_template = chat_template if chat_template is not None else (chat.jinja() if chat else None)
         self.eos_id = self.token_id(eos_token)
@@ -130,7 +133,8 @@ class Tokenizer:
         if eos is None:
             raise ValueError(f"{folder}/tokenizer_config.json names no eos_token")
         return cls(backend, eos_token=eos, pad_token=_token_text(config.get("pad_token")),
-                   bos_token=_token_text(config.get("bos_token")), unk_token=_token_text(config.get("unk_token")),
+                   bos_token=_token_text(config.get("bos_token")),
+                   unk_token=_token_text(config.get("unk_token")),
                    chat=chat or chat_format_from_jinja(template), chat_template=template,
                    extra_stop_ids=generation_eos if isinstance(generation_eos, list) else [generation_eos])
 
@@ -213,7 +217,8 @@ class Tokenizer:
         content = [int(i) for i in (self.encode(message["content"]) if sampled is None else sampled)]
         if not content or content[-1] != end:
             content.append(end)
-        return header + content + newline, [False] * len(header) + [True] * len(content) + [False] * len(newline)
+        mask = [False] * len(header) + [True] * len(content) + [False] * len(newline)
+        return header + content + newline, mask
 
     def generation_prompt(self) -> list[int]:
         return [self.token_id(IM_START), *self.encode("assistant\n")]
@@ -242,7 +247,8 @@ def _backend_via_transformers(folder: Path) -> tokenizers.Tokenizer:
     try:
         fast = transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     except Exception as err:  # transformers' own message says which file is missing
-        raise FileNotFoundError(f"{folder} holds no tokenizer.json and transformers cannot load it: {err}") from err
+        raise FileNotFoundError(
+            f"{folder} holds no tokenizer.json and transformers cannot load it: {err}") from err
     if not getattr(fast, "is_fast", False):
         raise ValueError(f"{folder}: only tokenizers with a fast (tokenizers) backend are supported")
     return fast.backend_tokenizer
@@ -305,7 +311,8 @@ def build_word_tokenizer(texts: Iterable[str], *, tags: Sequence[str] = METHOD_T
                 vocab[tok] = len(vocab)
     # WordPiece with no continuation prefix: a known piece is one token, as in a word-level
     # model; an unknown one falls back to its longest known prefixes instead of <unk>.
-    backend = tokenizers.Tokenizer(models.WordPiece(vocab=vocab, unk_token="<unk>", continuing_subword_prefix="",
+    backend = tokenizers.Tokenizer(models.WordPiece(vocab=vocab, unk_token="<unk>",
+                                                    continuing_subword_prefix="",
                                                     max_input_chars_per_word=_MAX_WORD_CHARS))
     backend.pre_tokenizer = _word_pre_tokenizer()
     backend.decoder = decoders.Fuse()

@@ -214,7 +214,9 @@ class HouseholdEnv(TextEnv):
             adjectives = " ".join(sorted(self.states.get(rest, ())))
             return f"This is a {adjectives + ' ' if adjectives else ''}{rest}."
         if action == "inventory":
-            return f"You are carrying: a {self.holding}." if self.holding else "You are not carrying anything."
+            if not self.holding:
+                return "You are not carrying anything."
+            return f"You are carrying: a {self.holding}."
         # look
         if self.location is None:
             return ("You are in the middle of a room. Looking quickly around you, you see "

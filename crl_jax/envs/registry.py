@@ -20,7 +20,8 @@ _REGISTRY: dict[str, tuple[str, str, dict]] = {
     "minihack/river-narrow": ("crl_jax.envs.minihack", "MiniHackEnv", {"task": "river-narrow"}),
     "sokoban/6x6-2box": ("crl_jax.envs.sokoban", "SokobanEnv", {}),
     "textworld/cooking": ("crl_jax.envs.textworld_env", "TextWorldEnv", {"challenge": "cooking"}),
-    "textworld/treasure-hunter": ("crl_jax.envs.textworld_env", "TextWorldEnv", {"challenge": "treasure_hunter"}),
+    "textworld/treasure-hunter": ("crl_jax.envs.textworld_env", "TextWorldEnv",
+                                  {"challenge": "treasure_hunter"}),
     "household/v1": ("crl_jax.envs.household", "HouseholdEnv", {}),
     "shop/v1": ("crl_jax.envs.shop", "ShopEnv", {}),
     # The same two with numbered actions: an answer may be a listed action's number (envs.base).

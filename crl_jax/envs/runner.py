@@ -5,7 +5,8 @@ that env's own daemon thread and awaited with a timeout. An env that raises or o
 ends *its own* episode as failed, with the reason recorded; the rest of the batch goes on. A hung
 env's thread is abandoned (daemon threads do not block interpreter exit) and that env object is
 never called again by this batch; it may still be running, so callers must not reuse it.
-Actions come either from per-episode `ScriptedAgent`s or from one batched policy `policy(observations, infos) -> action texts` (how an LLM actor plugs in).
+Actions come either from per-episode `ScriptedAgent`s or from one batched policy
+`policy(observations, infos) -> action texts` (how an LLM actor plugs in).
 
 Returns one `EpisodeRecord` per episode: success, turns, reason, reward and the transcript.
 """

@@ -109,7 +109,8 @@ def build_catalog(seed: int = 0, size: int = 1000) -> tuple[Product, ...]:
         chosen = tuple(rng.sample(attrs, k=rng.randint(2, 4)))
         brand = rng.choice(BRANDS)
         in_title = chosen[:rng.randint(1, len(chosen))]
-        title = f"{brand.title()} {' '.join(a.title() for a in in_title)} {noun.title()} - Model {asin[-4:].upper()}"
+        features = " ".join(a.title() for a in in_title)
+        title = f"{brand.title()} {features} {noun.title()} - Model {asin[-4:].upper()}"
         product_options = {kind: tuple(sorted(rng.sample(values, k=rng.randint(2, min(4, len(values))))))
                            for kind, values in options.items()}
         price = round(rng.uniform(lo, hi)) - 0.01

@@ -120,7 +120,8 @@ class MemoryManager:
             return
         if ids:
             with self.lock:
-                self.bank = self.fns.mark_retrieved(self.bank, _padded_ids(ids, _bucket(len(ids))), np.int32(step))
+                padded = _padded_ids(ids, _bucket(len(ids)))
+                self.bank = self.fns.mark_retrieved(self.bank, padded, np.int32(step))
 
     @contextlib.contextmanager
     def deferred_marks(self):
@@ -137,11 +138,13 @@ class MemoryManager:
         ids = [int(i) for i in entry_ids if int(i) != NEVER]
         if ids:
             with self.lock:
-                self.bank = self.fns.mark_trained(self.bank, _padded_ids(ids, _bucket(len(ids))), np.int32(step))
+                padded = _padded_ids(ids, _bucket(len(ids)))
+                self.bank = self.fns.mark_trained(self.bank, padded, np.int32(step))
 
     # ---- writes ----------------------------------------------------------------------------
 
-    def _commit(self, task: str, remove: Sequence[int], new: Sequence[tuple[str, str, str, Generation | None]],
+    def _commit(self, task: str, remove: Sequence[int],
+                new: Sequence[tuple[str, str, str, Generation | None]],
                 keys: np.ndarray, step: int) -> list[int]:
         """Delete `remove` and add `new` (title, content, query, generation) with `keys` [A, E].
         The caller holds the lock and has checked that every id in `remove` exists."""

@@ -67,7 +67,8 @@ def load(path: str) -> dict:
 
 def render(data: dict, width: int = 100, max_chars: int = 600) -> str:
     entries = data["entries"]
-    tasks = list(data.get("tasks") or []) + sorted({e["task"] for e in entries} - set(data.get("tasks") or []))
+    listed = list(data.get("tasks") or [])
+    tasks = listed + sorted({e["task"] for e in entries} - set(listed))
     out = []
     for task in tasks:
         mine = sorted((e for e in entries if e["task"] == task), key=lambda e: e["entry_id"])

@@ -98,7 +98,8 @@ class BertLayers(nnx.Module):
         self.q_bias, self.k_bias, self.v_bias = (z((L, N, H), qkv_b) for _ in range(3))
         self.o = w((L, N, H, D), ("layers", "heads", "head_dim", "embed"))
         self.o_bias = z((L, D), ("layers", "embed"))
-        self.attn_norm_scale, self.attn_norm_bias = o((L, D), ("layers", "norm")), z((L, D), ("layers", "norm"))
+        self.attn_norm_scale = o((L, D), ("layers", "norm"))
+        self.attn_norm_bias = z((L, D), ("layers", "norm"))
         self.wi, self.wi_bias = w((L, D, F), ("layers", "embed", "mlp")), z((L, F), ("layers", "mlp"))
         self.wo, self.wo_bias = w((L, F, D), ("layers", "mlp", "embed")), z((L, D), ("layers", "embed"))
         self.mlp_norm_scale, self.mlp_norm_bias = o((L, D), ("layers", "norm")), z((L, D), ("layers", "norm"))
@@ -108,10 +109,12 @@ class BertEncoder(nnx.Module):
     def __init__(self, cfg: BertConfig, rngs: nnx.Rngs):
         self.config = cfg
         D = cfg.hidden_size
-        self.word_embed = param(normal_init(rngs.params(), (cfg.vocab_size, D), jnp.float32), ("vocab", "embed"))
+        self.word_embed = param(normal_init(rngs.params(), (cfg.vocab_size, D), jnp.float32),
+                                ("vocab", "embed"))
         self.position_embed = param(normal_init(rngs.params(), (cfg.max_position_embeddings, D), jnp.float32),
                                     (None, "embed"))
-        self.type_embed = param(normal_init(rngs.params(), (cfg.type_vocab_size, D), jnp.float32), (None, "embed"))
+        self.type_embed = param(normal_init(rngs.params(), (cfg.type_vocab_size, D), jnp.float32),
+                                (None, "embed"))
         self.embed_norm_scale = param(jnp.ones((D,), jnp.float32), ("norm",))
         self.embed_norm_bias = param(jnp.zeros((D,), jnp.float32), ("norm",))
         self.layers = BertLayers(cfg, rngs)
@@ -124,13 +127,18 @@ class BertEncoder(nnx.Module):
         if tokens.ndim != 2:
             raise ValueError(f"tokens must be [batch, time] ids, got shape {tokens.shape}")
         if tokens.shape[1] > cfg.max_position_embeddings:
-            raise ValueError(f"{tokens.shape[1]} tokens exceed max_position_embeddings {cfg.max_position_embeddings}")
-        mask = jnp.ones(tokens.shape, bool) if attention_mask is None else jnp.asarray(attention_mask).astype(bool)
+            raise ValueError(f"{tokens.shape[1]} tokens exceed max_position_embeddings "
+                             f"{cfg.max_position_embeddings}")
+        if attention_mask is None:
+            mask = jnp.ones(tokens.shape, bool)
+        else:
+            mask = jnp.asarray(attention_mask).astype(bool)
         if mask.shape != tokens.shape:
             raise ValueError(f"attention_mask shape {mask.shape} != tokens shape {tokens.shape}")
         types = jnp.zeros_like(tokens) if token_types is None else jnp.asarray(token_types, jnp.int32)
         # BERT positions count slots, padding included, exactly as the reference does.
-        x = (jnp.take(self.word_embed.value, tokens, axis=0) + self.position_embed.value[:tokens.shape[1]][None]
+        x = (jnp.take(self.word_embed.value, tokens, axis=0)
+             + self.position_embed.value[:tokens.shape[1]][None]
              + jnp.take(self.type_embed.value, types, axis=0))
         x = _layer_norm(x, self.embed_norm_scale.value, self.embed_norm_bias.value, cfg.layer_norm_eps)
         stacked = {k: v.value for k, v in vars(self.layers).items() if isinstance(v, nnx.Param)}
@@ -202,7 +210,8 @@ def from_pretrained(path: str, max_seq_len: int | None = None) -> BertEncoder:
     cfg = BertConfig.from_hf(hf, max_seq_len)
     st = SafetensorsFile(weights_path)
     names = set(st.names())
-    prefix = next((p for p in ("", "bert.", "model.") if p + "embeddings.word_embeddings.weight" in names), None)
+    prefix = next((p for p in ("", "bert.", "model.")
+                   if p + "embeddings.word_embeddings.weight" in names), None)
     if prefix is None:
         raise ValueError(f"{weights_path}: no BERT embeddings.word_embeddings.weight tensor")
 
@@ -218,7 +227,8 @@ def from_pretrained(path: str, max_seq_len: int | None = None) -> BertEncoder:
         stacked = np.stack([convert(get(f"encoder.layer.{i}.{theirs}"), cfg) for i in range(cfg.num_layers)])
         target = getattr(model.layers, ours)
         if stacked.shape != target.value.shape:
-            raise ValueError(f"{weights_path}: {theirs} gives shape {stacked.shape}, expected {target.value.shape}")
+            raise ValueError(f"{weights_path}: {theirs} gives shape {stacked.shape}, "
+                             f"expected {target.value.shape}")
         target.value = jnp.asarray(stacked)
     return model
 

@@ -286,7 +286,8 @@ def gguf_to_hf_folder(path, out_dir) -> Path:
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     tokenizer.save(str(out / "tokenizer.json"))
     specials = {name: _token(meta, key) for name, key in
-                (("bos_token", "bos"), ("eos_token", "eos"), ("unk_token", "unknown"), ("pad_token", "padding"))}
+                (("bos_token", "bos"), ("eos_token", "eos"), ("unk_token", "unknown"),
+                 ("pad_token", "padding"))}
     tokenizer_config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         **{k: v for k, v in specials.items() if v is not None},
