@@ -4,6 +4,7 @@
     python experiments/reproduce.py --out=repro --only=single --methods=baseline,crl --seeds=0
     python experiments/reproduce.py --out=repro --dry-run            # list the runs and their state
     python experiments/reproduce.py --out=repro --table-only         # rebuild the results only
+    python experiments/reproduce.py --out=repro --table-only --export=experiments/results/three
 
 The grid is settings x seeds x methods. Settings: `single` (single_task.py), `three` and `six`
 (multi_task.py:three / :six). Methods: `baseline` (GRPO, no experience), `crl` (Complementary RL),
@@ -20,6 +21,12 @@ reported and the grid goes on; the exit status is then 1. After every run `<out>
 `results.json` and the curve PNGs are rebuilt (experiments/reproduce_results.py).
 `--setting=NAME=CONFIG[:VARIANTS]` (repeatable) replaces the three settings, e.g. to run the grid
 on another config file.
+
+`--export=DIR` keeps what the results are made of: it copies each finished run's metrics log,
+config and report (not its checkpoints) to the same place under DIR and writes the results there
+from every run record DIR holds, so records from earlier machines or sessions count alongside the
+new ones. DIR is itself a grid output: `--table-only --out=DIR` rebuilds it, and copying its run
+folders into a new `--out` lets a later grid add seeds or methods without rerunning them.
 
 Every method of one setting and seed starts RL from the same warm-started actor (the warm start
 does not depend on how a run uses experience). Runs that also share the extractor's warm start
@@ -193,6 +200,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="replace the default settings (repeatable)")
     p.add_argument("--dry-run", action="store_true", help="list the runs and their state; run nothing")
     p.add_argument("--table-only", action="store_true", help="rebuild results from what exists")
+    p.add_argument("--export", metavar="DIR",
+                   help="copy finished runs' records (metrics, config, report) to DIR and write the "
+                        "results there from all the records DIR holds")
     args = p.parse_args(argv)
     settings = dict(SETTINGS)
     if args.setting:
@@ -225,6 +235,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.steps is not None and args.steps < 1:
         p.error(f"--steps must be at least 1, got {args.steps}")
     args.out = os.path.abspath(args.out)
+    if args.export is not None:
+        args.export = os.path.abspath(args.export)
+        if args.export == args.out:
+            p.error("--export must name another folder than --out")
     return args
 
 
@@ -279,6 +293,12 @@ def main(argv: list[str]) -> int:
             results_lib.write_results(runs, len(args.seeds), args.out)
     results_lib.write_results(runs, len(args.seeds), args.out)
     print(f"results: {os.path.join(args.out, 'results.md')}")
+    if args.export:
+        records = results_lib.export_records(runs, args.out, args.export)
+        results_lib.write_results(records, len(args.seeds), args.export)
+        held = sum(r.state == "done" for r in records)
+        print(f"records of {held} of {len(records)} runs in {args.export}; "
+              f"results: {os.path.join(args.export, 'results.md')}")
     if not args.table_only and failed:
         print(f"{len(failed)} run(s) did not finish: {', '.join(failed)}", file=sys.stderr)
         return 1

@@ -213,3 +213,43 @@ def test_methods_with_the_same_warm_start_share_it(tmp_path):
     assert rp.share_warm_start(by_name[("baseline", 0)], grid) is None
     assert rp.share_warm_start(by_name[("static", 1)], grid) is None
     assert not os.path.exists(by_name[("baseline", 0)].workdir + "/warm_start")
+
+
+def test_exported_records_rebuild_the_table_and_add_to_earlier_ones(grid, tmp_path):
+    """--export keeps a finished run's metrics, config and report only; the export folder's table
+    equals the grid's, and a record already there (an earlier machine's run) counts with them."""
+    out, logged, results = grid
+    dest = tmp_path / "records"
+    earlier = rr.Run("three", "crl", 2, str(dest / "crl" / "seed2"), STEPS, TASKS, episodes_per_step=16)
+    write_run(earlier.workdir, np.random.default_rng(7), PREFIXES["crl"])
+    runs = [rr.Run(r["run"].split("/")[0], r["run"].split("/")[1], int(r["run"][-1]),
+                   str(out / r["workdir"]), STEPS, TASKS, episodes_per_step=16)
+            for r in results["settings"]["three"]["runs"]]
+    for run in runs:
+        run.state, run.last_step = rr.run_state(run)
+    records = rr.export_records(runs, str(out), str(dest))
+    assert sorted(os.listdir(dest / "baseline" / "seed0")) == ["metrics.jsonl", "report.md"]
+    assert not (dest / "static").exists()  # nothing finished, nothing copied
+    states = {r.name: r.state for r in records}
+    assert states["three/crl/seed2"] == "done" and states["three/static/seed0"] == "missing"
+    exported = rr.write_results(records, SEEDS, str(dest))
+    assert (_row(exported, "baseline", "eval/without_exp")["per_task"]
+            == _row(results, "baseline", "eval/without_exp")["per_task"])
+    crl = _row(exported, "crl", "eval/with_exp")["per_task"][TASKS[0]]
+    finals = [logged[f"three/crl/seed{s}"]["final"]["eval/with_exp"] for s in (0, 1)]
+    with open(os.path.join(earlier.workdir, "metrics.jsonl")) as f:
+        last_eval = [json.loads(line) for line in f if "with_exp/success/" in line][-1]
+    values = [f[f"eval/with_exp/success/{TASKS[0]}"] for f in finals]
+    values.append(last_eval[f"eval/with_exp/success/{TASKS[0]}"])
+    assert crl["n"] == 3
+    np.testing.assert_allclose(crl["values"], values)
+    assert "three/crl/seed2" not in exported["settings"]["three"]["not_in_table"]
+
+
+def test_export_folder_must_differ_from_the_output(tmp_path, capsys):
+    rp = _load_reproduce()
+    with pytest.raises(SystemExit):
+        rp.parse_args([f"--out={tmp_path}", f"--export={tmp_path}"])
+    assert "--export must name another folder" in capsys.readouterr().err
+    args = rp.parse_args([f"--out={tmp_path / 'a'}", f"--export={tmp_path / 'b'}"])
+    assert args.export == str(tmp_path / "b")
