@@ -323,7 +323,9 @@ class Trainer:
                 self.pending = self.background.submit(job)
             else:
                 distill_started = time.perf_counter()
-                metrics.update({f"distill/{k}": v for k, v in job().items()})
+                # Added to, not replacing, the counts of last step's background distillation.
+                for k, v in job().items():
+                    metrics[f"distill/{k}"] = metrics.get(f"distill/{k}", 0) + v
                 extractor_s += time.perf_counter() - distill_started
         metrics[metrics_lib.TIME_EXTRACTOR] = extractor_s
 
@@ -500,9 +502,12 @@ class Trainer:
             if step + 1 == cfg.steps:
                 metrics.update(self.evaluate(step))
             writer.write(step, metrics)
+            sample = {"step": step, "episodes": self.last_samples}
+            if self.experience is not None:  # taken on every host, so none accumulates them
+                sample["extractor"] = self.experience.take_output_samples()
             if jax.process_index() == 0:
                 with open(samples_path, "a") as f:
-                    f.write(json.dumps({"step": step, "episodes": self.last_samples}) + "\n")
+                    f.write(json.dumps(sample) + "\n")
             progress.update(step + 1, metrics)
             last = metrics
             if (step + 1) % cfg.checkpoint.every == 0 or step + 1 == cfg.steps:

@@ -3,16 +3,21 @@
 Glue between the host-side `MemoryManager` (bank + text store) and the extractor's sampler
 (`ExtractorClient`). Extractor params are passed into every call, so a caller can run distillation
 with the current weights on a background thread while the actor trains.
+
+The service also keeps, until the trainer takes them for `samples.jsonl`, one output of each parse
+outcome per distillation and merge pass (`take_output_samples`): the counters say how many outputs
+were unparsable, these say what they looked like.
 """
 
 from __future__ import annotations
 
 import collections
+import threading
 from collections.abc import Sequence
 
 import jax
 
-from crl_jax.memory import prompts
+from crl_jax.memory import ops, prompts
 from crl_jax.memory.manager import MemoryManager
 from crl_jax.memory.text_store import Entry, Generation
 from crl_jax.rollout.extractor import ExtractorClient
@@ -23,6 +28,29 @@ class ExperienceService:
     def __init__(self, manager: MemoryManager, extractor: ExtractorClient, seed: int):
         self.manager, self.extractor, self.seed = manager, extractor, seed
         self.stats: collections.Counter[str] = collections.Counter()
+        # Distillation may run on a background thread while the trainer takes the samples.
+        self._samples_lock = threading.Lock()
+        self._output_samples: list[dict] = []
+
+    def _keep_samples(self, kind: str, step: int, outputs) -> None:
+        """Keep the first output of each outcome of one pass; `outputs` yields (task, outcome,
+        text, generation)."""
+        seen, kept = set(), []
+        for task, outcome, text, gen in outputs:
+            if outcome not in seen:
+                seen.add(outcome)
+                kept.append({"kind": kind, "step": step, "task": task, "outcome": outcome,
+                             "prompt_tokens": len(gen.prompt_ids) if gen is not None else None,
+                             "response_tokens": len(gen.response_ids) if gen is not None else None,
+                             "text": text})
+        with self._samples_lock:
+            self._output_samples += kept
+
+    def take_output_samples(self) -> list[dict]:
+        """The extractor outputs kept since the last call (one per outcome per pass), oldest first."""
+        with self._samples_lock:
+            taken, self._output_samples = self._output_samples, []
+        return taken
 
     def _rng(self, step: int, salt: int):
         return jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(self.seed), step), salt)
@@ -77,29 +105,37 @@ class ExperienceService:
         replies = self.extractor.generate(params, conversations, seed=self._gen_seed(step, 1),
                                           kind="distill")
         reasons: collections.Counter[str] = collections.Counter()
+        outputs = []
         for traj, entry, (text, gen) in zip(trajectories, entries, replies):
             reason, written = self.manager.distill(traj.spec.task, traj.query, text,
                                                    [entry.entry_id] if entry else [], step, gen)
             reasons[reason] += 1
             reasons["entries_written"] += len(written)
+            outputs.append((traj.spec.task, reason, text, gen))
         self.stats.update(reasons)
+        self._keep_samples("distill", step, outputs)
         return dict(reasons)
 
     def merge(self, params, step: int) -> dict[str, int]:
         """Run the periodic merge if `step` is due; returns its counts: extractor `calls`, entries
         `removed` and `written`, and `outcome/<reason>` per call (ok, return, unparsable, ...)."""
         calls = [0]
+        outputs = []
 
         def generate(messages):
             calls[0] += 1
             (text, gen), = self.extractor.generate(params, [messages],
                                                    seed=self._gen_seed(step, 5000 + calls[0]),
                                                    kind="merge")
+            # The manager parses it again to apply it; this outcome is only the sample's label
+            # (it does not know the chunk, so "too_many_items" reads "ok" here).
+            outputs.append((None, ops.parse_merge(text)[1], text, gen))
             return text, gen
 
         before = self._merge_outcomes()
         merged = self.manager.maybe_merge(step, generate)
         after = self._merge_outcomes()
+        self._keep_samples("merge", step, outputs)
         out = {"calls": calls[0], "removed": sum(r for r, _ in merged.values()),
                "written": sum(w for _, w in merged.values())}
         # The manager's counters are cumulative; only merges write the "merge_" ones, and merges

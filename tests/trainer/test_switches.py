@@ -78,8 +78,14 @@ def test_complementary_rl_updates_both_models_and_uses_the_bank(make_config, tmp
         assert r.get("time/actor_update_s", 0) + r["time/actor_rollout_s"] <= r["time/step_s"]
     stats = trainer.experience.stats
     assert stats["retrievals"] > 0 and stats["retrieval_hits"] > 0
-    assert sum(v for k, v in stats.items() if k not in ("retrievals", "retrieval_hits",
-                                                        "refinements", "entries_written")) > 0
+    distilled = sum(v for k, v in stats.items() if k not in ("retrievals", "retrieval_hits",
+                                                             "refinements", "entries_written"))
+    assert distilled > 0
+    # Every distillation outcome reaches the log once: step 1 holds step 0's background pass and
+    # its own foreground one (the extractor updates from step 1 on), added, not one replacing the other.
+    assert distilled == sum(v for r in rows for k, v in r.items()
+                            if k.startswith("distill/") and k != "distill/entries_written")
+    assert stats["entries_written"] == sum(r.get("distill/entries_written", 0) for r in rows)
     snapshot = trainer.experience.manager.snapshot_json()
     assert sum(e.get("retrieval_count", 0) for e in snapshot["entries"]) > 0
     assert os.path.exists(os.path.join(tmp_path, "report.md"))

@@ -40,6 +40,16 @@ def test_warm_start_runs_before_rl_and_is_reported(make_config, tmp_path):
     assert [s["step"] for s in samples] == [0, 1]
     assert [e["guided"] for e in samples[0]["episodes"]] == [False, True]
     assert all(e["actor"] and e["task"] == "test/corridor" for e in samples[0]["episodes"])
+    # ... and the extractor's outputs that finished meanwhile, one per outcome and pass: step 0's
+    # distillation runs while the actor trains and is written with step 1 (step 1's, also in the
+    # background, may or may not have finished by then).
+    assert samples[0]["extractor"] == []
+    distilled = [x for x in samples[1]["extractor"] if x["kind"] == "distill"]
+    assert {x["step"] for x in distilled} in ({0}, {0, 1})
+    outcomes = [x["outcome"] for x in distilled if x["step"] == 0]
+    assert len(set(outcomes)) == len(outcomes)
+    assert all(rows[1].get(f"distill/{o}", 0) >= 1 for o in outcomes)  # counted in the metrics
+    assert all(isinstance(x["text"], str) and 0 < x["response_tokens"] <= 16 for x in distilled)
     report = (tmp_path / "report.md").read_text()
     for section in ("## Test split before and after RL", "## Experience bank", "## Warm start"):
         assert section in report, section
