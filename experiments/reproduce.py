@@ -4,7 +4,7 @@
     python experiments/reproduce.py --out=repro --only=single --methods=baseline,crl --seeds=0
     python experiments/reproduce.py --out=repro --dry-run            # list the runs and their state
     python experiments/reproduce.py --out=repro --table-only         # rebuild the results only
-    python experiments/reproduce.py --out=repro --table-only --export=experiments/results/three
+    python experiments/reproduce.py --out=repro --table-only --export=experiments/results/records
 
 The grid is settings x seeds x methods. Settings: `single` (single_task.py), `three` and `six`
 (multi_task.py:three / :six). Methods: `baseline` (GRPO, no experience), `crl` (Complementary RL),
