@@ -206,15 +206,18 @@ class MemoryManager:
 
     # ---- merge -----------------------------------------------------------------------------
 
-    def maybe_merge(self, step: int, generate: MergeGenerate) -> dict[str, tuple[int, int]]:
+    def maybe_merge(self, step: int, generate: MergeGenerate,
+                    outcomes: list[str] | None = None) -> dict[str, tuple[int, int]]:
         """Merge every task when `step` is a positive multiple of `merge_every`."""
         if self.cfg.merge_every == 0 or step <= 0 or step % self.cfg.merge_every:
             return {}
-        return {task: self.merge_task(task, step, generate) for task in self.cfg.tasks}
+        return {task: self.merge_task(task, step, generate, outcomes=outcomes) for task in self.cfg.tasks}
 
-    def merge_task(self, task: str, step: int, generate: MergeGenerate) -> tuple[int, int]:
+    def merge_task(self, task: str, step: int, generate: MergeGenerate,
+                   outcomes: list[str] | None = None) -> tuple[int, int]:
         """Sliding chunked merge over one task's entries, oldest first; the items a call keeps are
-        carried into the next call. Returns (entries removed, entries written)."""
+        carried into the next call. Returns (entries removed, entries written); `outcomes`, if
+        given, gets each call's parse outcome appended, in call order."""
         with self.lock:
             entries = sorted((e for e in self.store if e.task == task), key=lambda e: e.entry_id)
         if len(entries) < 2:
@@ -232,6 +235,8 @@ class MemoryManager:
                 reason = "too_many_items"     # a merge may only shrink or keep its inputs
             with self.lock:
                 self.reasons["merge_" + reason] += 1
+            if outcomes is not None:
+                outcomes.append(reason)
             if reason == "ok":
                 consumed += [e.entry_id for e in chunk]
                 carried = [(t, c, gen) for t, c in items]

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import jax
 
-from crl_jax.memory import ops, prompts
+from crl_jax.memory import prompts
 from crl_jax.memory.manager import MemoryManager
 from crl_jax.memory.text_store import Entry, Generation
 from crl_jax.rollout.extractor import ExtractorClient
@@ -120,22 +120,21 @@ class ExperienceService:
         """Run the periodic merge if `step` is due; returns its counts: extractor `calls`, entries
         `removed` and `written`, and `outcome/<reason>` per call (ok, return, unparsable, ...)."""
         calls = [0]
-        outputs = []
+        generated, outcomes = [], []
 
         def generate(messages):
             calls[0] += 1
             (text, gen), = self.extractor.generate(params, [messages],
                                                    seed=self._gen_seed(step, 5000 + calls[0]),
                                                    kind="merge")
-            # The manager parses it again to apply it; this outcome is only the sample's label
-            # (it does not know the chunk, so "too_many_items" reads "ok" here).
-            outputs.append((None, ops.parse_merge(text)[1], text, gen))
+            generated.append((text, gen))
             return text, gen
 
         before = self._merge_outcomes()
-        merged = self.manager.maybe_merge(step, generate)
+        merged = self.manager.maybe_merge(step, generate, outcomes=outcomes)
         after = self._merge_outcomes()
-        self._keep_samples("merge", step, outputs)
+        self._keep_samples("merge", step, [(None, outcome, text, gen) for (text, gen), outcome
+                                           in zip(generated, outcomes, strict=True)])
         out = {"calls": calls[0], "removed": sum(r for r, _ in merged.values()),
                "written": sum(w for _, w in merged.values())}
         # The manager's counters are cumulative; only merges write the "merge_" ones, and merges

@@ -40,4 +40,10 @@ def test_merge_counts_calls_entries_and_outcomes(bank_fns, hash_embed):
     assert counts == {"calls": 3, "removed": 3, "written": 1, "outcome/ok": 1, "outcome/no_items": 1,
                       "outcome/return": 1}
     assert extractor.kinds == ["merge"] * 3
+    # One kept output per outcome of the pass, labelled with the manager's own parse outcome.
+    samples = service.take_output_samples()
+    assert [(x["kind"], x["step"], x["outcome"]) for x in samples] == [
+        ("merge", 5, "ok"), ("merge", 5, "no_items"), ("merge", 5, "return")]
+    assert samples[1]["text"] == "<content>half an item" and samples[1]["response_tokens"] == 1
+    assert service.take_output_samples() == []
     assert sorted(e.title for e in manager.store if e.task == "room") == ["R", "R3", "R4", "R5"]
