@@ -83,10 +83,17 @@ def read_rows(run: Run) -> list[dict]:
     return [r for r in rows if int(r["step"]) < run.steps]
 
 
+# Settings that only the experience extractor reads. A run without experience (memory disabled,
+# e.g. the GRPO baseline) builds no extractor, so a change to these leaves its results as they were.
+EXTRACTOR_ONLY = ("extractor.", "extractor_model.", "warm_start.extractor_",
+                  "warm_start.merge_examples")
+
+
 def config_difference(run: Run) -> list[str]:
     """The settings in which the workdir's config.json differs from `run.config`, the step budget
-    aside (a larger budget resumes a run). A workdir made by another config is stale: its results
-    would be someone else's, and the trainer refuses to resume it."""
+    aside (a larger budget resumes a run), and the extractor's aside for a run without one. A
+    workdir made by another config is stale: its results would be someone else's, and the trainer
+    refuses to resume it."""
     path = os.path.join(run.workdir, "config.json")
     if run.config is None or not os.path.exists(path):
         return []
@@ -100,7 +107,11 @@ def config_difference(run: Run) -> list[str]:
         return out
 
     want, have = flat(run.config), flat(saved)
-    return sorted(k for k in set(want) | set(have) if k != "steps" and want.get(k) != have.get(k))
+    inert = ()
+    if want.get("memory.enabled") is False and have.get("memory.enabled") is False:
+        inert = EXTRACTOR_ONLY  # no extractor in either: its settings cannot change the results
+    return sorted(k for k in set(want) | set(have)
+                  if k != "steps" and want.get(k) != have.get(k) and not k.startswith(inert))
 
 
 def run_state(run: Run) -> tuple[str, int]:

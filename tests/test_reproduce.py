@@ -177,6 +177,27 @@ def test_workdir_of_another_config_is_stale_but_a_larger_budget_is_not(tmp_path)
     assert rr.config_difference(run) == ["memory.merge_every", "memory.new_key"]
     assert rr.run_state(run)[0] == "stale"
 
+def test_extractor_settings_do_not_make_a_run_without_experience_stale(tmp_path):
+    run = rr.Run("six", "baseline", 1, str(tmp_path / "r"), STEPS, TASKS[:1])
+    write_run(run.workdir, np.random.default_rng(3), PREFIXES["baseline"])
+    saved = {"steps": STEPS, "memory": {"enabled": False, "capacity": 10},
+             "extractor": {"max_new_tokens": 384}, "warm_start": {"extractor_steps": 120, "episodes": 8}}
+    with open(os.path.join(run.workdir, "config.json"), "w") as f:
+        json.dump(saved, f)
+    run.config = json.loads(json.dumps(saved))
+    run.config["warm_start"]["extractor_steps"] = 480
+    run.config["extractor"]["max_new_tokens"] = 256
+    assert rr.config_difference(run) == []
+    assert rr.run_state(run)[0] == "done"
+    run.config["warm_start"]["episodes"] = 16      # the actor's warm start: does change it
+    run.config["memory"]["capacity"] = 20          # memory settings other than the extractor's
+    assert rr.config_difference(run) == ["memory.capacity", "warm_start.episodes"]
+    run.config["warm_start"]["episodes"] = 8
+    run.config["memory"].update(enabled=True, capacity=10)  # with an extractor they count
+    assert rr.config_difference(run) == ["extractor.max_new_tokens", "memory.enabled",
+                                         "warm_start.extractor_steps"]
+
+
 
 def test_results_json_names_workdirs_relative_to_the_output(grid):
     tmp_path, _, results = grid
