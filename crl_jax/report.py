@@ -259,6 +259,9 @@ def _warm_start_section(rows: list[dict]) -> list[str]:
                      f"{_fmt(first['warm_start/actor_window_loss'])}")
     if first.get("warm_start/extractor_loss") is not None:
         lines.append(f"- extractor SFT loss at the end: {_fmt(first['warm_start/extractor_loss'])}")
+    if first.get("warm_start/extractor_parsed") is not None:
+        lines.append("- extractor distillations that parse, on fresh scripted episodes: "
+                     f"{_fmt(first['warm_start/extractor_parsed'])}")
     lines.append(f"- wall time: {_fmt(first.get('warm_start/time_s', 0.0))} s (curves: "
                  "warm_start/metrics.jsonl and TensorBoard)")
     return ["", "## Warm start", "", *lines]

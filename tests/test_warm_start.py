@@ -16,8 +16,8 @@ from crl_jax.rl.sft import make_sft_step, sft_batch
 from crl_jax.rollout.extractor import prompt_ids
 from crl_jax.rl.state import OptimizerConfig, create_sharded_state, make_optimizer
 from crl_jax.rollout.vocabulary import build_tokenizer
-from crl_jax.warm_start import (WarmStartInputs, cache_identity, demos, length_bucket, lessons,
-                               rows_per_batch, run_warm_start)
+from crl_jax.warm_start import (PROBE_EPISODES, WarmStartInputs, cache_identity, demos, length_bucket,
+                               lessons, probe_extractor, rows_per_batch, run_warm_start)
 
 TASK = "sokoban/6x6-2box"   # a real environment: fast to reset, has a scripted expert
 SHORT = "test/corridor"     # short prompts, so the JAX tests compile one small shape
@@ -278,7 +278,8 @@ def test_run_warm_start_trains_and_reuses_its_cache(short_tokenizer, tmp_path):
         # Prompts longer than the extractor's budget are cut (here: all distillation prompts).
         return WarmStartInputs(tokenizer, mesh, a, e, tasks, max_turns=4, actor_max_len=256,
                                extractor_room=150, extractor_max_len=256, seed=0,
-                               identity={"tasks": [SHORT]})
+                               identity={"tasks": [SHORT]},
+                               distill=lambda params, conversations: ["x"] * len(conversations))
 
     actor_params, ext_params, summary = run_warm_start(cfg, inputs(actor, extractor), str(tmp_path))
     assert summary["actor"]["steps"] == 4 and summary["extractor"]["steps"] == 2
@@ -286,6 +287,9 @@ def test_run_warm_start_trains_and_reuses_its_cache(short_tokenizer, tmp_path):
     assert summary["actor_window"]["steps"] == 2
     assert summary["actor_window"]["examples"] > summary["actor"]["examples"] == 8
     assert summary["demos"]["episodes"] == 8
+    # The trained extractor was probed (the stand-in sampler's replies never parse).
+    assert summary["extractor"]["probe"] == {"episodes": PROBE_EPISODES, "parsed": 0.0,
+                                             "outcomes": {"no_answer": PROBE_EPISODES}}
     changed = jax.tree.map(lambda a, b: float(np.abs(np.asarray(a) - np.asarray(b)).max()),
                            jax.device_get(actor_params), before)
     assert max(jax.tree.leaves(changed)) > 0
@@ -315,6 +319,29 @@ def test_run_warm_start_trains_and_reuses_its_cache(short_tokenizer, tmp_path):
     for a, b in zip(jax.tree.leaves(jax.device_get(actor_params)),
                     jax.tree.leaves(jax.device_get(baseline_params))):
         np.testing.assert_array_equal(a, b)
+
+
+def test_probe_counts_the_parse_outcomes_of_fresh_distillations():
+    replies = ["<think>short</think><answer>add(<title>t</title><content>c</content>)</answer>",
+               "<answer>return()</answer>", "<answer>add(<title>t</title>)</answer>", "no tags"]
+    seen = []
+
+    def distill(params, conversations):
+        seen.append((params, conversations))
+        return [replies[i % len(replies)] for i in range(len(conversations))]
+
+    tasks = [{"env": TASK, "seed": s} for s in range(100, 108)]
+    probe = probe_extractor("params", distill, tasks, max_turns=12, seed=5)
+    assert probe == {"episodes": 8, "parsed": 0.5,
+                     "outcomes": {"ok": 2, "return": 2, "unparsable": 2, "no_answer": 2}}
+    # One call, with the extractor's params, on distillation prompts of unguided episodes (no
+    # lesson injected, none retrieved), as RL's distillations of an empty bank look.
+    ((params, conversations),) = seen
+    assert params == "params" and len(conversations) == 8
+    for conversation in conversations:
+        assert conversation[0]["content"] == prompts.DISTILL_SYSTEM
+        assert prompts.NO_MEMORIES in conversation[1]["content"]
+        assert "[Experience notes]" not in conversation[1]["content"]
 
 
 def test_cache_identity_ignores_how_experience_is_used_only():
