@@ -497,9 +497,12 @@ class Trainer:
             tasks = self.stream.take(cfg.rollout.groups_per_step)
             metrics = {**before_rl, **self.train_step(step, tasks)}
             before_rl = {}
-            if cfg.eval.every and (step + 1) % cfg.eval.every == 0 and step + 1 < cfg.steps:
-                metrics.update(self.evaluate(step))
-            if step + 1 == cfg.steps:
+            if (cfg.eval.every and (step + 1) % cfg.eval.every == 0) or step + 1 == cfg.steps:
+                # The evaluation with experience reads the bank: this step's distillation finishes
+                # first, so what it sees does not depend on timing, and its counts (on the last
+                # step the run's final pass) are logged in this step's row.
+                for k, v in self._join_background().items():
+                    metrics[f"distill/{k}"] = metrics.get(f"distill/{k}", 0) + v
                 metrics.update(self.evaluate(step))
             writer.write(step, metrics)
             sample = {"step": step, "episodes": self.last_samples}

@@ -101,6 +101,14 @@ def test_static_online_experience_freezes_the_extractor(make_config, tmp_path):
     assert same(extractor0, params_of(trainer.extractor_state))
     check_updated(rows, trainer.actor_state, actor0, "actor")
     assert trainer.experience.stats["retrieval_hits"] > 0
+    # Every distillation runs in the background here, the last step's too: the final evaluation
+    # waits for it, and its outcomes are logged in the last row with the rest.
+    stats = trainer.experience.stats
+    distilled = sum(v for k, v in stats.items() if k not in ("retrievals", "retrieval_hits",
+                                                             "refinements", "entries_written"))
+    logged = [sum(v for k, v in r.items() if k.startswith("distill/") and k != "distill/entries_written")
+              for r in rows]
+    assert distilled == sum(logged) and logged[-1] > 0
 
 
 def test_experience_only_freezes_the_actor(make_config, tmp_path):
