@@ -89,11 +89,11 @@ EXTRACTOR_ONLY = ("extractor.", "extractor_model.", "warm_start.extractor_",
                   "warm_start.merge_examples")
 
 
-def config_difference(run: Run) -> list[str]:
+def config_difference(run: Run, finished: bool = False) -> list[str]:
     """The settings in which the workdir's config.json differs from `run.config`, the step budget
-    aside (a larger budget resumes a run), and the extractor's aside for a run without one. A
-    workdir made by another config is stale: its results would be someone else's, and the trainer
-    refuses to resume it."""
+    aside (a larger budget resumes a run). A workdir made by another config is stale: its results
+    would be someone else's, and the trainer refuses to resume it. With `finished` (the run needs
+    no resuming), the extractor's settings are also aside for a run without one."""
     path = os.path.join(run.workdir, "config.json")
     if run.config is None or not os.path.exists(path):
         return []
@@ -108,7 +108,7 @@ def config_difference(run: Run) -> list[str]:
 
     want, have = flat(run.config), flat(saved)
     inert = ()
-    if want.get("memory.enabled") is False and have.get("memory.enabled") is False:
+    if finished and want.get("memory.enabled") is False and have.get("memory.enabled") is False:
         inert = EXTRACTOR_ONLY  # no extractor in either: its settings cannot change the results
     return sorted(k for k in set(want) | set(have)
                   if k != "steps" and want.get(k) != have.get(k) and not k.startswith(inert))
@@ -120,10 +120,12 @@ def run_state(run: Run) -> tuple[str, int]:
     stale means the workdir holds a run of a different config."""
     rows = read_rows(run)
     last = max((int(r["step"]) for r in rows), default=-1)
-    if config_difference(run):
+    if config_difference(run, finished=True):
         return "stale", last
     if last == run.steps - 1 and os.path.exists(os.path.join(run.workdir, "report.md")):
         return "done", last
+    if config_difference(run):  # to resume, every setting must match (the checkpoint's digest)
+        return "stale", last
     status = os.path.join(run.workdir, STATUS_FILE)
     if os.path.exists(status):
         with open(status, encoding="utf-8") as f:

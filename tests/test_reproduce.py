@@ -187,15 +187,19 @@ def test_extractor_settings_do_not_make_a_run_without_experience_stale(tmp_path)
     run.config = json.loads(json.dumps(saved))
     run.config["warm_start"]["extractor_steps"] = 480
     run.config["extractor"]["max_new_tokens"] = 256
-    assert rr.config_difference(run) == []
+    assert rr.config_difference(run, finished=True) == []
     assert rr.run_state(run)[0] == "done"
+    # An unfinished one would be resumed, and the trainer resumes only the very same config.
+    assert rr.config_difference(run) == ["extractor.max_new_tokens", "warm_start.extractor_steps"]
+    os.remove(os.path.join(run.workdir, "report.md"))
+    assert rr.run_state(run)[0] == "stale"
     run.config["warm_start"]["episodes"] = 16      # the actor's warm start: does change it
     run.config["memory"]["capacity"] = 20          # memory settings other than the extractor's
-    assert rr.config_difference(run) == ["memory.capacity", "warm_start.episodes"]
+    assert rr.config_difference(run, finished=True) == ["memory.capacity", "warm_start.episodes"]
     run.config["warm_start"]["episodes"] = 8
     run.config["memory"].update(enabled=True, capacity=10)  # with an extractor they count
-    assert rr.config_difference(run) == ["extractor.max_new_tokens", "memory.enabled",
-                                         "warm_start.extractor_steps"]
+    assert rr.config_difference(run, finished=True) == ["extractor.max_new_tokens", "memory.enabled",
+                                                        "warm_start.extractor_steps"]
 
 
 

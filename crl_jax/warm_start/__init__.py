@@ -172,8 +172,9 @@ def probe_extractor(params, distill: Distill, tasks: Sequence[dict], *, max_turn
     demos = demos_lib.collect_demos(tasks, max_turns=max_turns, epsilons=PROBE_EPSILONS,
                                     guided_fraction=0.0, search_fraction=0.0, tools=True, seed=seed)
     replies = distill(params, [prompts.distill_messages(d.facts.success, d.messages, []) for d in demos])
-    outcomes = collections.Counter(ops.parse_operations(text, 0).reason for text in replies)
-    parsed = sum(n for reason, n in outcomes.items() if reason in ("ok", "return"))
+    parses = [ops.parse_operations(text, 0) for text in replies]
+    outcomes = collections.Counter(p.reason for p in parses)
+    parsed = sum(p.ok for p in parses)
     return {"episodes": len(demos), "parsed": parsed / max(1, len(demos)), "outcomes": dict(outcomes)}
 
 
