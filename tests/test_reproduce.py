@@ -177,6 +177,7 @@ def test_workdir_of_another_config_is_stale_but_a_larger_budget_is_not(tmp_path)
     assert rr.config_difference(run) == ["memory.merge_every", "memory.new_key"]
     assert rr.run_state(run)[0] == "stale"
 
+
 def test_extractor_settings_do_not_make_a_run_without_experience_stale(tmp_path):
     run = rr.Run("six", "baseline", 1, str(tmp_path / "r"), STEPS, TASKS[:1])
     write_run(run.workdir, np.random.default_rng(3), PREFIXES["baseline"])
@@ -200,7 +201,6 @@ def test_extractor_settings_do_not_make_a_run_without_experience_stale(tmp_path)
     run.config["memory"].update(enabled=True, capacity=10)  # with an extractor they count
     assert rr.config_difference(run, finished=True) == ["extractor.max_new_tokens", "memory.enabled",
                                                         "warm_start.extractor_steps"]
-
 
 
 def test_results_json_names_workdirs_relative_to_the_output(grid):

@@ -52,6 +52,15 @@ def check_updated(rows, state, params_before, model: str):
     assert moved == any(r[f"{model}/advantage_abs_mean"] > 0 for r in updates)
 
 
+def distillation_counts(stats, rows) -> tuple[int, list[float]]:
+    """(distillation outputs the service parsed, those logged per row), by outcome."""
+    distilled = sum(v for k, v in stats.items() if k not in ("retrievals", "retrieval_hits",
+                                                             "refinements", "entries_written"))
+    logged = [sum(v for k, v in r.items() if k.startswith("distill/") and k != "distill/entries_written")
+              for r in rows]
+    return distilled, logged
+
+
 def test_complementary_rl_updates_both_models_and_uses_the_bank(make_config, tmp_path):
     trainer = trainer_lib.Trainer(make_config(**COIN), str(tmp_path))
     seed_bank(trainer)
@@ -78,13 +87,11 @@ def test_complementary_rl_updates_both_models_and_uses_the_bank(make_config, tmp
         assert r.get("time/actor_update_s", 0) + r["time/actor_rollout_s"] <= r["time/step_s"]
     stats = trainer.experience.stats
     assert stats["retrievals"] > 0 and stats["retrieval_hits"] > 0
-    distilled = sum(v for k, v in stats.items() if k not in ("retrievals", "retrieval_hits",
-                                                             "refinements", "entries_written"))
+    distilled, logged = distillation_counts(stats, rows)
     assert distilled > 0
     # Every distillation outcome reaches the log once: step 1 holds step 0's background pass and
     # its own foreground one (the extractor updates from step 1 on), added, not one replacing the other.
-    assert distilled == sum(v for r in rows for k, v in r.items()
-                            if k.startswith("distill/") and k != "distill/entries_written")
+    assert distilled == sum(logged)
     assert stats["entries_written"] == sum(r.get("distill/entries_written", 0) for r in rows)
     snapshot = trainer.experience.manager.snapshot_json()
     assert sum(e.get("retrieval_count", 0) for e in snapshot["entries"]) > 0
@@ -103,11 +110,7 @@ def test_static_online_experience_freezes_the_extractor(make_config, tmp_path):
     assert trainer.experience.stats["retrieval_hits"] > 0
     # Every distillation runs in the background here, the last step's too: the final evaluation
     # waits for it, and its outcomes are logged in the last row with the rest.
-    stats = trainer.experience.stats
-    distilled = sum(v for k, v in stats.items() if k not in ("retrievals", "retrieval_hits",
-                                                             "refinements", "entries_written"))
-    logged = [sum(v for k, v in r.items() if k.startswith("distill/") and k != "distill/entries_written")
-              for r in rows]
+    distilled, logged = distillation_counts(trainer.experience.stats, rows)
     assert distilled == sum(logged) and logged[-1] > 0
 
 
