@@ -117,6 +117,9 @@ class WarmStartConfig:
     window_goal: bool = False
     extractor_steps: int = 100
     merge_examples: int = 32
+    # Lessons per merge example: 2 to this many, drawn per example (the run's merges show up to
+    # memory.merge_chunk entries plus the items carried from the previous chunk).
+    merge_lessons: int = 4
     batch_size: int = 16
     learning_rate: float = 1e-3
     extractor_learning_rate: float = 1e-3
@@ -297,6 +300,8 @@ def _cross_checks(cfg: RunConfig) -> list[str]:
     for name in ("actor_window", "window_steps", "window_batch_size", "actor_steps", "extractor_steps"):
         if getattr(w, name) < 0:
             problems.append(f"warm_start.{name}: must be >= 0; got {getattr(w, name)}")
+    if w.merge_lessons < 2:
+        problems.append(f"warm_start.merge_lessons: a merge example needs >= 2 lessons; got {w.merge_lessons}")
     if w.window_steps > 0 and not (w.actor_window > 0 and w.window_batch_size > 0):
         problems.append("warm_start.window_steps > 0 needs actor_window > 0 and window_batch_size > 0; "
                         f"got actor_window={w.actor_window}, window_batch_size={w.window_batch_size}")

@@ -262,6 +262,9 @@ def _warm_start_section(rows: list[dict]) -> list[str]:
     if first.get("warm_start/extractor_parsed") is not None:
         lines.append("- extractor distillations that parse, on fresh scripted episodes: "
                      f"{_fmt(first['warm_start/extractor_parsed'])}")
+    if first.get("warm_start/extractor_merge_parsed") is not None:
+        lines.append("- extractor merges that parse, on fresh chunks of lessons: "
+                     f"{_fmt(first['warm_start/extractor_merge_parsed'])}")
     lines.append(f"- wall time: {_fmt(first.get('warm_start/time_s', 0.0))} s (curves: "
                  "warm_start/metrics.jsonl and TensorBoard)")
     return ["", "## Warm start", "", *lines]

@@ -538,17 +538,17 @@ class Trainer:
             extractor_max_len=cfg.extractor.cache_length, seed=cfg.seed,
             identity=cache_identity(cfg),
             extractor_mesh=self.extractor_mesh,
-            distill=self._distill_replies if ext is not None else None)
+            generate=self._extractor_replies if ext is not None else None)
         actor_params, extractor_params, summary = run_warm_start(cfg.warm_start, inputs, self.workdir)
         self.actor_state = self.actor_state.replace(params=actor_params)
         if extractor_params is not None:
             self.extractor_state = self.extractor_state.replace(params=extractor_params)
         return summary
 
-    def _distill_replies(self, params, conversations) -> list[str]:
-        """The extractor's replies to distillation prompts, sampled as in RL (the warm-start probe)."""
+    def _extractor_replies(self, params, conversations) -> list[str]:
+        """The extractor's replies to `conversations`, sampled as in RL (the warm-start probe)."""
         return [text for text, _ in self.experience.extractor.generate(
-            params, conversations, seed=self.cfg.seed + 31, kind="distill")]
+            params, conversations, seed=self.cfg.seed + 31, kind="probe")]
 
     def before_rl(self) -> dict:
         """What happens once before the first RL step: the warm start, then (if configured) an
@@ -564,7 +564,10 @@ class Trainer:
             if "extractor" in summary:
                 out["warm_start/extractor_loss"] = summary["extractor"]["loss_last"] or 0.0
                 if "probe" in summary["extractor"]:  # absent from caches made before the probe
-                    out["warm_start/extractor_parsed"] = summary["extractor"]["probe"]["parsed"]
+                    probe = summary["extractor"]["probe"]
+                    out["warm_start/extractor_parsed"] = probe["parsed"]
+                    if "merge_parsed" in probe:   # absent from caches made before the merge probe
+                        out["warm_start/extractor_merge_parsed"] = probe["merge_parsed"]
         if self.cfg.eval.at_start:
             # At step 0's bank state, with its own sampling seeds.
             out.update({f"{metrics_lib.START}/{k}": v for k, v in self.evaluate(0, salt=200).items()})

@@ -25,6 +25,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from crl_jax import config as config_lib
 from crl_jax import metrics as m
 from crl_jax.report import load_rows, series
 
@@ -85,15 +86,16 @@ def read_rows(run: Run) -> list[dict]:
 
 # Settings that only the experience extractor reads. A run without experience (memory disabled,
 # e.g. the GRPO baseline) builds no extractor, so a change to these leaves its results as they were.
-EXTRACTOR_ONLY = ("extractor.", "extractor_model.", "warm_start.extractor_",
-                  "warm_start.merge_examples")
+EXTRACTOR_ONLY = ("extractor.", "extractor_model.", "warm_start.extractor_", "warm_start.merge_")
 
 
 def config_difference(run: Run, finished: bool = False) -> list[str]:
     """The settings in which the workdir's config.json differs from `run.config`, the step budget
     aside (a larger budget resumes a run). A workdir made by another config is stale: its results
     would be someone else's, and the trainer refuses to resume it. With `finished` (the run needs
-    no resuming), the extractor's settings are also aside for a run without one."""
+    no resuming), the extractor's settings are also aside for a run without one, and so is a
+    setting added to the code after the run was made, where this config leaves it at its default
+    (the default keeps the behaviour the run had)."""
     path = os.path.join(run.workdir, "config.json")
     if run.config is None or not os.path.exists(path):
         return []
@@ -108,8 +110,11 @@ def config_difference(run: Run, finished: bool = False) -> list[str]:
 
     want, have = flat(run.config), flat(saved)
     inert = ()
-    if finished and want.get("memory.enabled") is False and have.get("memory.enabled") is False:
-        inert = EXTRACTOR_ONLY  # no extractor in either: its settings cannot change the results
+    if finished:
+        defaults = flat(json.loads(json.dumps(config_lib.to_dict(config_lib.RunConfig()))))
+        have = {**{k: v for k, v in defaults.items() if k not in have and k in want}, **have}
+        if want.get("memory.enabled") is False and have.get("memory.enabled") is False:
+            inert = EXTRACTOR_ONLY  # no extractor in either: its settings cannot change the results
     return sorted(k for k in set(want) | set(have)
                   if k != "steps" and want.get(k) != have.get(k) and not k.startswith(inert))
 

@@ -9,6 +9,8 @@ import sys
 import numpy as np
 import pytest
 
+from crl_jax.config import WarmStartConfig
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _spec = importlib.util.spec_from_file_location(
     "reproduce_results", os.path.join(ROOT, "experiments", "reproduce_results.py"))
@@ -201,6 +203,22 @@ def test_extractor_settings_do_not_make_a_run_without_experience_stale(tmp_path)
     run.config["memory"].update(enabled=True, capacity=10)  # with an extractor they count
     assert rr.config_difference(run, finished=True) == ["extractor.max_new_tokens", "memory.enabled",
                                                         "warm_start.extractor_steps"]
+
+
+def test_a_setting_added_later_at_its_default_does_not_make_a_finished_run_stale(tmp_path):
+    run = rr.Run("six", "crl", 1, str(tmp_path / "r"), STEPS, TASKS[:1])
+    write_run(run.workdir, np.random.default_rng(4), PREFIXES["crl"])
+    saved = {"steps": STEPS, "memory": {"enabled": True}, "warm_start": {"merge_examples": 16}}
+    with open(os.path.join(run.workdir, "config.json"), "w") as f:
+        json.dump(saved, f)
+    run.config = json.loads(json.dumps(saved))
+    run.config["warm_start"]["merge_lessons"] = WarmStartConfig().merge_lessons  # made before it existed
+    assert rr.config_difference(run, finished=True) == []
+    assert rr.run_state(run)[0] == "done"
+    assert rr.config_difference(run) == ["warm_start.merge_lessons"]  # resuming needs the same config
+    run.config["warm_start"]["merge_lessons"] = WarmStartConfig().merge_lessons + 1  # another behaviour
+    assert rr.config_difference(run, finished=True) == ["warm_start.merge_lessons"]
+    assert rr.run_state(run)[0] == "stale"
 
 
 def test_results_json_names_workdirs_relative_to_the_output(grid):

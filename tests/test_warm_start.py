@@ -16,8 +16,8 @@ from crl_jax.rl.sft import make_sft_step, sft_batch
 from crl_jax.rollout.extractor import prompt_ids
 from crl_jax.rl.state import OptimizerConfig, create_sharded_state, make_optimizer
 from crl_jax.rollout.vocabulary import build_tokenizer
-from crl_jax.warm_start import (PROBE_EPISODES, WarmStartInputs, cache_identity, demos, length_bucket,
-                               lessons, probe_extractor, rows_per_batch, run_warm_start)
+from crl_jax.warm_start import (PROBE_EPISODES, PROBE_MERGES, WarmStartInputs, cache_identity, demos,
+                               length_bucket, lessons, probe_extractor, rows_per_batch, run_warm_start)
 
 TASK = "sokoban/6x6-2box"   # a real environment: fast to reset, has a scripted expert
 SHORT = "test/corridor"     # short prompts, so the JAX tests compile one small shape
@@ -100,6 +100,11 @@ def test_extractor_targets_parse_as_bank_operations(demo_set, tokenizer):
     assert len(prompt_ids(tokenizer, messages, 700)) == 700
     assert prompts.DISTILL_SYSTEM[-40:] in cut and ("SUCCESS" if long.facts.success else "FAILURE") in cut
     assert cut.endswith("<|im_start|>assistant\n") and prompts.NO_MEMORIES in cut
+    # Merge chunks: 2 to merge_lessons lessons of one family each.
+    families = [lessons.all_lessons(TASK), lessons.all_lessons("shop/v1")]
+    chunks = demos.lesson_chunks([TASK, "shop/v1"], 200, 5, np.random.default_rng(0))
+    assert {len(c) for c in chunks} == {2, 3, 4, 5}
+    assert all(any(set(c) <= set(f) for f in families) for c in chunks)
     # Merge replies: duplicates collapse into items, a distinct chunk is kept as it is.
     a, b = lessons.all_lessons(TASK)[:2]
     items, reason = ops.parse_merge(lessons.merge_reply([a, b, a]))
@@ -229,6 +234,8 @@ def test_a_goal_window_scores_its_action_as_the_whole_episode_does(short_tokeniz
 def test_window_phase_needs_a_window():
     with pytest.raises(ConfigError, match="actor_window"):
         from_dict({"warm_start": {"enabled": True, "window_steps": 5, "actor_window": 0}})
+    with pytest.raises(ConfigError, match="merge_lessons: a merge example needs >= 2 lessons; got 1"):
+        from_dict({"warm_start": {"enabled": True, "merge_lessons": 1}})
 
 
 def _nano_state(vocab, seed=0, lr=1e-2):
@@ -279,7 +286,7 @@ def test_run_warm_start_trains_and_reuses_its_cache(short_tokenizer, tmp_path):
         return WarmStartInputs(tokenizer, mesh, a, e, tasks, max_turns=4, actor_max_len=256,
                                extractor_room=150, extractor_max_len=256, seed=0,
                                identity={"tasks": [SHORT]},
-                               distill=lambda params, conversations: ["x"] * len(conversations))
+                               generate=lambda params, conversations: ["x"] * len(conversations))
 
     actor_params, ext_params, summary = run_warm_start(cfg, inputs(actor, extractor), str(tmp_path))
     assert summary["actor"]["steps"] == 4 and summary["extractor"]["steps"] == 2
@@ -288,8 +295,9 @@ def test_run_warm_start_trains_and_reuses_its_cache(short_tokenizer, tmp_path):
     assert summary["actor_window"]["examples"] > summary["actor"]["examples"] == 8
     assert summary["demos"]["episodes"] == 8
     # The trained extractor was probed (the stand-in sampler's replies never parse).
-    assert summary["extractor"]["probe"] == {"episodes": PROBE_EPISODES, "parsed": 0.0,
-                                             "outcomes": {"no_answer": PROBE_EPISODES}}
+    assert summary["extractor"]["probe"] == {
+        "episodes": PROBE_EPISODES, "parsed": 0.0, "outcomes": {"no_answer": PROBE_EPISODES},
+        "merges": PROBE_MERGES, "merge_parsed": 0.0, "merge_outcomes": {"no_items": PROBE_MERGES}}
     changed = jax.tree.map(lambda a, b: float(np.abs(np.asarray(a) - np.asarray(b)).max()),
                            jax.device_get(actor_params), before)
     assert max(jax.tree.leaves(changed)) > 0
@@ -321,27 +329,42 @@ def test_run_warm_start_trains_and_reuses_its_cache(short_tokenizer, tmp_path):
         np.testing.assert_array_equal(a, b)
 
 
-def test_probe_counts_the_parse_outcomes_of_fresh_distillations():
+def test_probe_counts_the_parse_outcomes_of_fresh_distillations_and_merges():
     replies = ["<think>short</think><answer>add(<title>t</title><content>c</content>)</answer>",
                "<answer>return()</answer>", "<answer>add(<title>t</title>)</answer>", "no tags"]
+    merge_replies = ["<<<KNOWLEDGE_ITEM>>>\n<title>t</title>\n<content>c</content>\n<<<END_ITEM>>>",
+                     "<<<RETURN>>>", "<<<KNOWLEDGE_ITEM>>>\n<title>t</title>", "<content>c</content>"]
     seen = []
 
-    def distill(params, conversations):
+    def generate(params, conversations):
         seen.append((params, conversations))
-        return [replies[i % len(replies)] for i in range(len(conversations))]
+        pool = merge_replies if conversations[0][0]["content"] == prompts.MERGE_SYSTEM else replies
+        return [pool[i % len(pool)] for i in range(len(conversations))]
 
     tasks = [{"env": TASK, "seed": s} for s in range(100, 108)]
-    probe = probe_extractor("params", distill, tasks, max_turns=12, seed=5)
+    probe = probe_extractor("params", generate, tasks, max_turns=12, seed=5, merges=8, merge_lessons=3)
     assert probe == {"episodes": 8, "parsed": 0.5,
-                     "outcomes": {"ok": 2, "return": 2, "unparsable": 2, "no_answer": 2}}
-    # One call, with the extractor's params, on distillation prompts of unguided episodes (no
-    # lesson injected, none retrieved), as RL's distillations of an empty bank look.
-    ((params, conversations),) = seen
-    assert params == "params" and len(conversations) == 8
+                     "outcomes": {"ok": 2, "return": 2, "unparsable": 2, "no_answer": 2},
+                     "merges": 8, "merge_parsed": 0.5,
+                     "merge_outcomes": {"ok": 2, "return": 2, "unparsable": 2, "no_items": 2}}
+    # Two calls with the extractor's params. First the distillation prompts of unguided episodes
+    # (no lesson injected, none retrieved), as RL's distillations of an empty bank look.
+    (params, conversations), (merge_params, merges) = seen
+    assert params == merge_params == "params" and len(conversations) == 8
     for conversation in conversations:
         assert conversation[0]["content"] == prompts.DISTILL_SYSTEM
         assert prompts.NO_MEMORIES in conversation[1]["content"]
         assert "[Experience notes]" not in conversation[1]["content"]
+    # Then merge prompts of 2 to merge_lessons of the probed family's lessons.
+    lesson_texts = {demos.render(e) for e in lessons.all_lessons(TASK)}
+    sizes = set()
+    for conversation in merges:
+        shown = [t for t in lesson_texts if t in conversation[1]["content"]]
+        assert shown and conversation[1]["content"].count("<title>") in (2, 3)
+        sizes.add(conversation[1]["content"].count("<title>"))
+    assert sizes == {2, 3}
+    with pytest.raises(ValueError, match="needs >= 2 lessons"):
+        probe_extractor("params", generate, tasks, max_turns=12, seed=5, merge_lessons=1)
 
 
 def test_cache_identity_ignores_how_experience_is_used_only():

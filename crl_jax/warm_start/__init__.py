@@ -8,8 +8,9 @@ Before the first RL step of a run whose models start from random weights:
      `actor_steps` steps on whole episodes (lessons, search calls, format in context);
   3. fine-tune the extractor on the scripted summariser's distillation, refinement and merge
      replies for the same episodes (`extractor_steps` steps), if the run has one, and probe it:
-     the share of its distillations that parse on `PROBE_EPISODES` fresh scripted episodes
-     (`probe_extractor`), so a run whose extractor would write nothing says so before RL;
+     the share of its distillations that parse on `PROBE_EPISODES` fresh scripted episodes, and
+     of its merges of `PROBE_MERGES` chunks of lessons (`probe_extractor`), so a run whose
+     extractor would write or merge nothing says so before RL;
 and return the new parameters. Steps 1-2 do not depend on how the run later uses experience
 (the demos always show the search tool, whether or not the run offers it), so every method of a
 comparison on one seed (the GRPO baseline included) starts RL from the same actor, as the
@@ -49,11 +50,14 @@ __all__ = ["WarmStartInputs", "run_warm_start", "length_bucket", "rows_per_batch
 # random actions than the demos, like the failing episodes RL starts from), each distilled once.
 PROBE_EPISODES = 32
 PROBE_EPSILONS = (0.25, 0.5, 1.0)
+# ... and this many merge calls, each on 2 to warm_start.merge_lessons of the probed families'
+# lessons (drawn afresh, so chunks the SFT did not show, of lessons it did).
+PROBE_MERGES = 16
 # Below this share of parsed distillations the bank would stay (nearly) empty: warn.
 PROBE_WARN_BELOW = 0.25
 
-# (extractor params, distillation conversations) -> the extractor's reply to each.
-Distill = Callable[[object, Sequence[Sequence[dict]]], list[str]]
+# (extractor params, conversations) -> the extractor's reply to each, sampled as in RL.
+Generate = Callable[[object, Sequence[Sequence[dict]]], list[str]]
 
 
 def cache_identity(cfg: RunConfig) -> dict:
@@ -92,7 +96,7 @@ class WarmStartInputs:
     seed: int
     identity: dict                       # what the cached result depends on (cache_identity)
     extractor_mesh: object = None        # the extractor's own mesh (disjoint roles); None = `mesh`
-    distill: Distill | None = None       # generation with the run's extractor sampler (the probe)
+    generate: Generate | None = None     # generation with the run's extractor sampler (the probe)
 
 
 def length_bucket(n: int, cap: int, granule: int = 256) -> int:
@@ -162,20 +166,33 @@ def train_supervised(name: str, state: TrainState, examples, *, steps: int, batc
                               "loss_last": float(np.mean(tail)) if losses else None}
 
 
-def probe_extractor(params, distill: Distill, tasks: Sequence[dict], *, max_turns: int,
-                    seed: int) -> dict:
-    """Parse outcomes (ops.parse_operations reasons) of the extractor's distillations of fresh
-    scripted episodes of `tasks`, and `parsed`, the share that parses (an operation or return()).
+def probe_extractor(params, generate: Generate, tasks: Sequence[dict], *, max_turns: int, seed: int,
+                    merges: int = PROBE_MERGES, merge_lessons: int = 4) -> dict:
+    """Parse outcomes of the extractor's distillations of fresh scripted episodes of `tasks`
+    (ops.parse_operations reasons) and of its merges of `merges` chunks of 2 to `merge_lessons`
+    of their families' lessons (ops.parse_merge reasons); `parsed` and `merge_parsed` are the
+    shares that parse (an operation or return(); merged items or <<<RETURN>>>).
 
     The warm start's SFT loss does not say whether the extractor writes well-formed operations:
-    with six task families, 120 steps ended at loss 1.7 and no distillation of a run parsed."""
+    with six task families, 120 steps ended at loss 1.7 and no distillation of a run parsed; and
+    with 16 merge examples among ~700, none of a run's merges parsed."""
+    if merges and merge_lessons < 2:
+        raise ValueError(f"a merge chunk needs >= 2 lessons; got merge_lessons={merge_lessons}")
     demos = demos_lib.collect_demos(tasks, max_turns=max_turns, epsilons=PROBE_EPSILONS,
                                     guided_fraction=0.0, search_fraction=0.0, tools=True, seed=seed)
-    replies = distill(params, [prompts.distill_messages(d.facts.success, d.messages, []) for d in demos])
+    replies = generate(params, [prompts.distill_messages(d.facts.success, d.messages, []) for d in demos])
     parses = [ops.parse_operations(text, 0) for text in replies]
-    outcomes = collections.Counter(p.reason for p in parses)
-    parsed = sum(p.ok for p in parses)
-    return {"episodes": len(demos), "parsed": parsed / max(1, len(demos)), "outcomes": dict(outcomes)}
+    out = {"episodes": len(demos), "parsed": sum(p.ok for p in parses) / max(1, len(demos)),
+           "outcomes": dict(collections.Counter(p.reason for p in parses))}
+    chunks = demos_lib.lesson_chunks(sorted({t["env"] for t in tasks}), merges, merge_lessons,
+                                     np.random.default_rng([seed, 11]))
+    if chunks:
+        reasons = [ops.parse_merge(text)[1] for text in
+                   generate(params, [prompts.merge_messages([demos_lib.render(e) for e in c])
+                                     for c in chunks])]
+        out.update(merges=len(chunks), merge_parsed=sum(r in ("ok", "return") for r in reasons) / len(chunks),
+                   merge_outcomes=dict(collections.Counter(reasons)))
+    return out
 
 
 def _digest(cfg: WarmStartConfig, inputs: WarmStartInputs) -> str:
@@ -250,7 +267,7 @@ def run_warm_start(cfg: WarmStartConfig, inputs: WarmStartInputs, workdir: str):
     if inputs.extractor_state is not None:
         examples, counts = demos_lib.extractor_examples(
             inputs.tokenizer, demos, room=inputs.extractor_room, merges=cfg.merge_examples,
-            seed=inputs.seed)
+            merge_lessons=cfg.merge_lessons, seed=inputs.seed)
         extractor_params, ext_summary = train_supervised(
             "extractor", inputs.extractor_state, examples, steps=cfg.extractor_steps,
             batch_size=cfg.batch_size, learning_rate=cfg.extractor_learning_rate,
@@ -258,17 +275,21 @@ def run_warm_start(cfg: WarmStartConfig, inputs: WarmStartInputs, workdir: str):
             seed=inputs.seed + 1, writer=writer,
             step_offset=cfg.window_steps + cfg.actor_steps)
         summary["extractor"] = {**ext_summary, **counts}
-        if inputs.distill is not None:
+        if inputs.generate is not None:
             # Train tasks after the demos' (the same ones again when the split is smaller),
             # played with other random actions: transcripts the extractor was not trained on.
             probe_tasks = [inputs.train_tasks[(cfg.episodes + i) % len(inputs.train_tasks)]
                            for i in range(PROBE_EPISODES)]
-            probe = probe_extractor(extractor_params, inputs.distill, probe_tasks,
-                                    max_turns=inputs.max_turns, seed=inputs.seed + 99)
+            probe = probe_extractor(extractor_params, inputs.generate, probe_tasks,
+                                    max_turns=inputs.max_turns, seed=inputs.seed + 99,
+                                    merge_lessons=cfg.merge_lessons)
             summary["extractor"]["probe"] = probe
             log.info("warm start: the extractor's distillations of %d fresh episodes: %.0f%% parse (%s)",
                      probe["episodes"], 100 * probe["parsed"],
                      ", ".join(f"{k} {v}" for k, v in sorted(probe["outcomes"].items())))
+            log.info("warm start: the extractor's merges of %d chunks of lessons: %.0f%% parse (%s)",
+                     probe["merges"], 100 * probe["merge_parsed"],
+                     ", ".join(f"{k} {v}" for k, v in sorted(probe["merge_outcomes"].items())))
             if probe["parsed"] < PROBE_WARN_BELOW:
                 log.warning("warm start: only %.0f%% of the extractor's distillations parse, so the bank "
                             "will stay nearly empty; raise warm_start.extractor_steps",

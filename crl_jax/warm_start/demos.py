@@ -44,8 +44,22 @@ class Demo:
     actions: list[str | None] = dataclasses.field(default_factory=list)
 
 
-def _render(entry: tuple[str, str]) -> str:
+def render(entry: tuple[str, str]) -> str:
     return render_entry(*entry)
+
+
+def lesson_chunks(tasks: Sequence[str], n: int, most: int,
+                  rng: np.random.Generator) -> list[list[tuple[str, str]]]:
+    """`n` chunks of 2 to `most` lessons, each of one family of `tasks` (drawn with repeats, so
+    some chunks hold duplicates to merge): what merge examples and the merge probe show."""
+    if most < 2:
+        raise ValueError(f"a merge chunk needs >= 2 lessons; got at most {most}")
+    chunks = []
+    for _ in range(n if tasks else 0):
+        options = lessons.all_lessons(tasks[int(rng.integers(len(tasks)))])
+        size = int(rng.integers(2, most + 1))
+        chunks.append([options[int(i)] for i in rng.integers(len(options), size=size)])
+    return chunks
 
 
 def play_demo(env, task: str, seed: int, epsilon: float, rng: np.random.Generator, *, max_turns: int,
@@ -57,7 +71,7 @@ def play_demo(env, task: str, seed: int, epsilon: float, rng: np.random.Generato
     random_agent.reset(env, observation, info)
     system = env.system_prompt + ("\n\n" + prompts.SEARCH_TOOL_TEXT if tools else "")
     if entry is not None:
-        system = prompts.inject_experience(system, _render(entry))
+        system = prompts.inject_experience(system, render(entry))
     messages = [{"role": "system", "content": system},
                 {"role": "user", "content": first_user_message(info.get("goal", ""), observation)}]
     turns = max_turns or env.max_turns
@@ -213,27 +227,25 @@ def _reply_example(tokenizer: Tokenizer, messages: list[dict], reply: str, room:
 
 
 def extractor_examples(tokenizer: Tokenizer, demos: Sequence[Demo], *, room: int, merges: int,
-                       seed: int) -> tuple[list[Example], dict[str, int]]:
+                       seed: int, merge_lessons: int = 4) -> tuple[list[Example], dict[str, int]]:
     """Distillation replies for every demo, refinement replies for the demos that searched, and
-    `merges` merge replies over random chunks of their family's lessons (with repeats, so some
-    chunks need merging). `room` is the extractor's prompt budget (cache minus new tokens)."""
+    `merges` merge replies over random chunks of 2 to `merge_lessons` of their family's lessons
+    (with repeats, so some chunks need merging). `room` is the extractor's prompt budget (cache
+    minus new tokens)."""
     out, counts = [], {"distill": 0, "refine": 0, "merge": 0}
     for demo in demos:
         retrieved = [demo.entry] if demo.entry is not None else []
         messages = prompts.distill_messages(demo.facts.success, demo.messages,
-                                            [_render(e) for e in retrieved])
+                                            [render(e) for e in retrieved])
         out.append(_reply_example(tokenizer, messages, lessons.distill_reply(demo.facts, retrieved), room))
         counts["distill"] += 1
         if demo.searched:
-            messages = prompts.refine_messages(lessons.QUESTION, _render(demo.entry))
+            messages = prompts.refine_messages(lessons.QUESTION, render(demo.entry))
             out.append(_reply_example(tokenizer, messages, lessons.refine_reply(demo.entry[1]), room))
             counts["refine"] += 1
-    rng = np.random.default_rng([seed, 7])
     names = sorted({d.task for d in demos})
-    for _ in range(merges if names else 0):
-        options = lessons.all_lessons(names[int(rng.integers(len(names)))])
-        chunk = [options[int(i)] for i in rng.integers(len(options), size=int(rng.integers(2, 5)))]
-        messages = prompts.merge_messages([_render(e) for e in chunk])
+    for chunk in lesson_chunks(names, merges, merge_lessons, np.random.default_rng([seed, 7])):
+        messages = prompts.merge_messages([render(e) for e in chunk])
         out.append(_reply_example(tokenizer, messages, lessons.merge_reply(chunk), room))
         counts["merge"] += 1
     return out, counts

@@ -30,6 +30,7 @@ def test_warm_start_runs_before_rl_and_is_reported(make_config, tmp_path):
         assert all(key not in r for r in rows[1:])
     assert first["start/eval/without_exp/episodes"] == 4
     assert 0.0 <= first["warm_start/extractor_parsed"] <= 1.0   # the probe, with the run's sampler
+    assert 0.0 <= first["warm_start/extractor_merge_parsed"] <= 1.0
     assert rows[-1]["eval/without_exp/episodes"] == 4          # the final evaluation
     assert "bank/retrievals" in rows[-1]
     with open(tmp_path / "warm_start" / "metrics.jsonl") as f:
@@ -55,6 +56,7 @@ def test_warm_start_runs_before_rl_and_is_reported(make_config, tmp_path):
     for section in ("## Test split before and after RL", "## Experience bank", "## Warm start"):
         assert section in report, section
     assert "extractor distillations that parse, on fresh scripted episodes" in report
+    assert "extractor merges that parse, on fresh chunks of lessons" in report
 
     # A resumed run drops the sample lines of the steps it replays, and any torn line.
     with open(tmp_path / "samples.jsonl", "a") as f:
