@@ -266,7 +266,7 @@ def _warm_start_section(rows: list[dict]) -> list[str]:
         lines.append("- extractor merges that parse, on fresh chunks of lessons: "
                      f"{_fmt(first['warm_start/extractor_merge_parsed'])}")
     lines.append(f"- wall time: {_fmt(first.get('warm_start/time_s', 0.0))} s (curves: "
-                 "warm_start/metrics.jsonl and TensorBoard)")
+                 "warm_start/{actor,extractor}/metrics.jsonl and TensorBoard)")
     return ["", "## Warm start", "", *lines]
 
 

@@ -29,13 +29,16 @@ new ones. DIR is itself a grid output: `--table-only --out=DIR` rebuilds it, and
 folders into a new `--out` lets a later grid add seeds or methods without rerunning them.
 
 Every method of one setting and seed starts RL from the same warm-started actor (the warm start
-does not depend on how a run uses experience). Runs that also share the extractor's warm start
-(Comp. RL, static, exp. only) share the whole cache: before a run starts, a finished sibling's
-`warm_start/` folder is copied into its workdir when their `warm_start.cache_identity` is equal,
-the function the trainer keys the cache on. The trainer still checks the cache's digest (which
-also covers the built tokenizer's fingerprint) and recomputes on a mismatch, so a wrong copy costs
-time, never correctness. The baseline (no extractor) computes its actor's warm start itself, to
-the same weights.
+does not depend on how a run uses experience), and the grid makes sure it is the very same one:
+before a run starts, each finished half of a sibling's warm start that it lacks is copied into its
+workdir, `warm_start/actor` from any method of the same setting and seed (the baseline included),
+`warm_start/extractor` from one whose extractor settings agree too (Comp. RL, static, exp. only),
+as `warm_start.cache_identity` says, the function the trainer keys each half on. Retraining
+would not give the same weights: XLA's multi-threaded CPU reductions differ in the last bit from
+run to run, and a 6-task warm start of one seed has started RL at 0.07, 0.08 and 0.11 test
+success that way. The trainer still checks each half's digest (which also covers the built
+tokenizer's fingerprint) and recomputes on a mismatch, so a wrong copy costs time, never
+correctness.
 
 The child runs share a JAX compilation cache (`<out>/jax_cache` unless JAX_COMPILATION_CACHE_DIR is
 set) and default to JAX_PLATFORMS=cpu. Each child's output goes to `<workdir>/run.log`; its progress
@@ -117,25 +120,38 @@ def plan(settings: dict[str, str], methods: list[str], seeds: list[int], steps: 
     return grid
 
 
-def _warm_start_done(workdir: str) -> bool:
-    checkpoint = os.path.join(workdir, "warm_start", "checkpoint")
+def _warm_start_done(workdir: str, half: str) -> bool:
+    checkpoint = os.path.join(workdir, "warm_start", half, "checkpoint")
     return os.path.isdir(checkpoint) and any(n.isdigit() for n in os.listdir(checkpoint))
 
 
-def share_warm_start(run: Run, runs: list[Run]) -> str | None:
-    """Copy a finished warm start from a run with the same `warm_start.cache_identity` (the one
-    the trainer keys its cache on) into `run`'s workdir, unless it has one; returns the source
-    run's name, or None."""
-    if run.warm_start_identity is None or os.path.exists(os.path.join(run.workdir, "warm_start")):
-        return None
-    for other in runs:
-        if (other is not run and _warm_start_done(other.workdir)
-                and other.warm_start_identity == run.warm_start_identity):
-            os.makedirs(run.workdir, exist_ok=True)
-            shutil.copytree(os.path.join(other.workdir, "warm_start"),
-                            os.path.join(run.workdir, "warm_start"))
-            return other.name
-    return None
+def _halves_agree(half: str, mine: dict, other: dict | None) -> bool:
+    if other is None:
+        return False
+    # The extractor's half is trained on the actor's demos: the whole identity must agree.
+    return other == mine if half == "extractor" else other["actor"] == mine["actor"]
+
+
+def share_warm_start(run: Run, runs: list[Run]) -> list[str]:
+    """Copy each finished half of a warm start (see crl_jax.warm_start) that `run` lacks from a
+    sibling run whose `warm_start.cache_identity` agrees on it: the actor's from any method of the
+    same setting and seed (the baseline included), the extractor's from one with the same
+    extractor too. Returns "<half> from <run>" per half copied."""
+    identity = run.warm_start_identity
+    if identity is None:
+        return []
+    copied = []
+    for half in ("actor", "extractor"):
+        target = os.path.join(run.workdir, "warm_start", half)
+        if identity.get(half) is None or os.path.exists(target):
+            continue
+        for other in runs:
+            if (other.workdir != run.workdir and _halves_agree(half, identity, other.warm_start_identity)
+                    and _warm_start_done(other.workdir, half)):
+                shutil.copytree(os.path.join(other.workdir, "warm_start", half), target)
+                copied.append(f"{half} from {other.name}")
+                break
+    return copied
 
 
 def _hms(seconds: float) -> str:
@@ -256,6 +272,10 @@ def main(argv: list[str]) -> int:
             print(f"config error: {problem}", file=sys.stderr)
         return 2
     runs = [run for run, _ in grid]
+    # Warm starts are shared with every method's run of the same setting and seed under --out,
+    # not only the ones selected now: a grid completed in pieces still pairs its methods.
+    siblings = runs if set(args.methods) == set(METHODS) else [
+        run for run, _ in plan(args.settings, list(METHODS), args.seeds, args.steps, args.out)]
     if args.dry_run:
         for i, (run, spec) in enumerate(grid, 1):
             where = f" step {run.last_step + 1}/{run.steps}" if run.last_step >= 0 else ""
@@ -280,9 +300,9 @@ def main(argv: list[str]) -> int:
             resume = f", resuming after step {run.last_step}" if run.last_step >= 0 else ""
             print(f"{tag}: starting ({run.steps} steps{resume}) | "
                   f"elapsed {_hms(time.monotonic() - started)}", flush=True)
-            source = share_warm_start(run, runs)
-            if source:
-                print(f"{tag}: warm start copied from {source}", flush=True)
+            copied = share_warm_start(run, siblings)
+            if copied:
+                print(f"{tag}: warm start copied: {', '.join(copied)}", flush=True)
             t0 = time.monotonic()
             rc = launch(run, spec, args.steps, env)
             run.state, run.last_step = results_lib.run_state(run)

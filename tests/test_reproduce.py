@@ -237,25 +237,37 @@ def _load_reproduce():
     return module
 
 
-def test_methods_with_the_same_warm_start_share_it(tmp_path):
-    """On the real single-task configs: Comp. RL, static and exp. only get a finished sibling's
-    warm start copied in; the baseline (no bank, no search calls) and another seed do not."""
+def test_methods_of_one_seed_share_the_warm_start_halves_they_agree_on(tmp_path):
+    """On the real single-task configs: every method of a seed (the baseline included) gets a
+    finished sibling's actor half; Comp. RL, static and exp. only also its extractor half; another
+    seed gets nothing."""
     rp = _load_reproduce()
     grid = [run for run, _ in rp.plan({"single": rp.SETTINGS["single"]}, list(rr.METHODS),
                                       [0, 1], None, str(tmp_path))]
     by_name = {(r.method, r.seed): r for r in grid}
-    source = by_name[("crl", 0)]
-    checkpoint = os.path.join(source.workdir, "warm_start", "checkpoint", "1")
-    os.makedirs(checkpoint)
-    open(os.path.join(checkpoint, "marker"), "w").close()
+
+    def finish(run, half):
+        step = os.path.join(run.workdir, "warm_start", half, "checkpoint", "1")
+        os.makedirs(step)
+        open(os.path.join(step, "marker"), "w").close()
+
+    def has(run, half):
+        return os.path.exists(os.path.join(run.workdir, "warm_start", half, "checkpoint", "1", "marker"))
+
+    baseline, crl = by_name[("baseline", 0)], by_name[("crl", 0)]
+    finish(baseline, "actor")
+    assert rp.share_warm_start(crl, grid) == [f"actor from {baseline.name}"]
+    assert has(crl, "actor") and not has(crl, "extractor")
+    finish(crl, "extractor")
     for method in ("static", "exp_only"):
         run = by_name[(method, 0)]
-        assert rp.share_warm_start(run, grid) == source.name
-        assert os.path.exists(os.path.join(run.workdir, "warm_start", "checkpoint", "1", "marker"))
-        assert rp.share_warm_start(run, grid) is None  # it has one now
-    assert rp.share_warm_start(by_name[("baseline", 0)], grid) is None
-    assert rp.share_warm_start(by_name[("static", 1)], grid) is None
-    assert not os.path.exists(by_name[("baseline", 0)].workdir + "/warm_start")
+        assert sorted(rp.share_warm_start(run, grid)) == [f"actor from {baseline.name}",
+                                                          f"extractor from {crl.name}"]
+        assert has(run, "actor") and has(run, "extractor")
+        assert rp.share_warm_start(run, grid) == []  # it has both now
+    assert rp.share_warm_start(baseline, grid) == []
+    assert rp.share_warm_start(by_name[("static", 1)], grid) == []
+    assert not os.path.exists(by_name[("static", 1)].workdir + "/warm_start")
 
 
 def test_exported_records_rebuild_the_table_and_add_to_earlier_ones(grid, tmp_path):

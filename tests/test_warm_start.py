@@ -1,7 +1,9 @@
 """Warm start: scripted demos in the actor loop's exact format, well-formed extractor targets, the
 supervised step against a numpy NLL, and the cached result reused."""
 
+import json
 import os
+import shutil
 
 import jax
 import numpy as np
@@ -285,7 +287,7 @@ def test_run_warm_start_trains_and_reuses_its_cache(short_tokenizer, tmp_path):
         # Prompts longer than the extractor's budget are cut (here: all distillation prompts).
         return WarmStartInputs(tokenizer, mesh, a, e, tasks, max_turns=4, actor_max_len=256,
                                extractor_room=150, extractor_max_len=256, seed=0,
-                               identity={"tasks": [SHORT]},
+                               identity={"actor": {"tasks": [SHORT]}, "extractor": {"model": "nano"}},
                                generate=lambda params, conversations: ["x"] * len(conversations))
 
     actor_params, ext_params, summary = run_warm_start(cfg, inputs(actor, extractor), str(tmp_path))
@@ -301,31 +303,55 @@ def test_run_warm_start_trains_and_reuses_its_cache(short_tokenizer, tmp_path):
     changed = jax.tree.map(lambda a, b: float(np.abs(np.asarray(a) - np.asarray(b)).max()),
                            jax.device_get(actor_params), before)
     assert max(jax.tree.leaves(changed)) > 0
-    assert (tmp_path / "warm_start" / "metrics.jsonl").exists()
+    curves = {half: [json.loads(line) for line in open(tmp_path / "warm_start" / half / "metrics.jsonl")]
+              for half in ("actor", "extractor")}
+    assert [r["step"] for r in curves["actor"]] == list(range(6))        # 2 window + 4 actor steps
+    assert [r["step"] for r in curves["extractor"]] == [6, 7]
 
     # A second start of the same run loads the cached parameters instead of training again.
     _, actor2 = _nano_state(tokenizer, seed=5)
     _, extractor2 = _nano_state(tokenizer, seed=6)
     again, ext_again, summary2 = run_warm_start(cfg, inputs(actor2, extractor2), str(tmp_path))
     assert summary2 == summary
-    for a, b in zip(jax.tree.leaves(jax.device_get(actor_params)), jax.tree.leaves(jax.device_get(again))):
-        np.testing.assert_array_equal(a, b)
-    for a, b in zip(jax.tree.leaves(jax.device_get(ext_params)), jax.tree.leaves(jax.device_get(ext_again))):
-        np.testing.assert_array_equal(a, b)
+    _assert_same(actor_params, again)
+    _assert_same(ext_params, ext_again)
     # A different warm-start configuration does not reuse it.
     _, actor3 = _nano_state(tokenizer, seed=5)
     _, ext3 = _nano_state(tokenizer, seed=6)
     other = WarmStartConfig(**{**cfg.__dict__, "actor_steps": 3})
-    _, _, summary3 = run_warm_start(other, inputs(actor3, ext3), str(tmp_path))
+    _, _, summary3 = run_warm_start(other, inputs(actor3, ext3), str(tmp_path / "other"))
     assert summary3["actor"]["steps"] == 3
-    # A run without an extractor (the GRPO baseline) starts from the very same actor: nothing the
-    # actor's part uses depends on the extractor (and WarmStartInputs no longer carries any
-    # experience setting that could), so every method of a comparison shares it.
-    _, actor4 = _nano_state(tokenizer, seed=0)
-    baseline_params, none, _ = run_warm_start(cfg, inputs(actor4, None), str(tmp_path / "baseline"))
-    assert none is None
-    for a, b in zip(jax.tree.leaves(jax.device_get(actor_params)),
-                    jax.tree.leaves(jax.device_get(baseline_params))):
+
+    # A run without an extractor (the GRPO baseline) with the actor's half copied in starts from
+    # the very same actor without training; so does a run whose extractor settings differ, which
+    # trains its extractor only.
+    for name in ("baseline", "more_merges"):
+        shutil.copytree(tmp_path / "warm_start" / "actor", tmp_path / name / "warm_start" / "actor")
+    _, actor4 = _nano_state(tokenizer, seed=7)
+    baseline_params, none, baseline = run_warm_start(cfg, inputs(actor4, None), str(tmp_path / "baseline"))
+    assert none is None and "extractor" not in baseline
+    assert baseline["actor"] == summary["actor"] and baseline["demos"] == summary["demos"]
+    _assert_same(actor_params, baseline_params)
+    _, actor5 = _nano_state(tokenizer, seed=8)
+    _, ext5 = _nano_state(tokenizer, seed=9)
+    more = WarmStartConfig(**{**cfg.__dict__, "merge_examples": 3})
+    shared, _, summary5 = run_warm_start(more, inputs(actor5, ext5), str(tmp_path / "more_merges"))
+    _assert_same(actor_params, shared)
+    assert summary5["actor"] == summary["actor"]
+    assert summary5["extractor"]["merge"] == 3 and summary["extractor"]["merge"] == 2
+    copied_curve = (tmp_path / "more_merges" / "warm_start" / "actor" / "metrics.jsonl").read_text()
+    assert len(copied_curve.splitlines()) == 6                             # not trained again
+    # ... but an actor cache built under other actor settings is not taken: it is rebuilt.
+    shutil.copytree(tmp_path / "other" / "warm_start" / "actor",
+                    tmp_path / "mismatch" / "warm_start" / "actor")
+    _, actor6 = _nano_state(tokenizer, seed=0)
+    _, _, summary6 = run_warm_start(cfg, inputs(actor6, None), str(tmp_path / "mismatch"))
+    assert summary6["actor"]["steps"] == 4
+
+
+def _assert_same(tree_a, tree_b):
+    for a, b in zip(jax.tree.leaves(jax.device_get(tree_a)), jax.tree.leaves(jax.device_get(tree_b)),
+                    strict=True):
         np.testing.assert_array_equal(a, b)
 
 
@@ -381,10 +407,14 @@ def test_cache_identity_ignores_how_experience_is_used_only():
                  "single_task.py:no_merge", "single_task.py:no_split"):
         assert identity(same) == crl, same
     assert identity("single_task.py", "steps=3", "eval.tasks_per_env=4") == crl
-    assert identity("single_task.py:baseline") != crl  # no extractor to fine-tune
     for override in ("seed=1", "warm_start.window_steps=10", "rollout.max_turns=4", "rl.max_seq_len=1024",
-                     "extractor.cache_length=640", "actor.preset=nano"):
-        assert identity("single_task.py", override) != crl, override
-    # The actor's part is shared with the baseline: the two differ only in the extractor.
+                     "actor.preset=nano", "warm_start.batch_size=3"):
+        assert identity("single_task.py", override)["actor"] != crl["actor"], override
+    # The extractor's settings separate the extractor's half only: the actor's is shared, with the
+    # baseline too (which has no extractor to fine-tune).
+    for override in ("extractor.cache_length=640", "warm_start.merge_examples=7",
+                     "warm_start.extractor_steps=9", "extractor_model.dtype=bfloat16"):
+        other = identity("single_task.py", override)
+        assert other["actor"] == crl["actor"] and other["extractor"] != crl["extractor"], override
     baseline = identity("single_task.py:baseline")
-    assert {k: v for k, v in crl.items() if not k.startswith("extractor")} == {**baseline, "with_extractor": True}
+    assert baseline == {"actor": crl["actor"], "extractor": None}

@@ -13,11 +13,18 @@ Before the first RL step of a run whose models start from random weights:
      extractor would write or merge nothing says so before RL;
 and return the new parameters. Steps 1-2 do not depend on how the run later uses experience
 (the demos always show the search tool, whether or not the run offers it), so every method of a
-comparison on one seed (the GRPO baseline included) starts RL from the same actor, as the
-paper's methods all start from one pretrained model. The result is saved as an Orbax checkpoint in
-`<workdir>/warm_start` (with the losses and data counts as its host state) and reused by any later
-start of the same run; a cache written under a different configuration is recomputed. Training
-curves go to `<workdir>/warm_start/metrics.jsonl` and TensorBoard.
+comparison on one seed (the GRPO baseline included) can start RL from the same actor, as the
+paper's methods all start from one pretrained model.
+
+The two halves are cached apart, as Orbax checkpoints with their losses and data counts as host
+state: the actor's in `<workdir>/warm_start/actor`, keyed on `cache_identity(cfg)["actor"]`, and
+the extractor's in `<workdir>/warm_start/extractor`, keyed on the whole identity (its training data
+are the actor's demos). A later start of the run reuses them, a cache written under another
+configuration is recomputed, and a copied-in actor cache is used as is: that is how
+experiments/reproduce.py gives a baseline and a Comp. RL run of one seed the very same actor,
+which retraining would not (XLA's multi-threaded CPU reductions are not bitwise reproducible, and
+hundreds of steps amplify the last bit into a few points of success). Training curves go to
+`metrics.jsonl` and TensorBoard in each half's folder.
 """
 
 from __future__ import annotations
@@ -60,24 +67,34 @@ PROBE_WARN_BELOW = 0.25
 Generate = Callable[[object, Sequence[Sequence[dict]]], list[str]]
 
 
-def cache_identity(cfg: RunConfig) -> dict:
-    """Every setting of a run that its warm start depends on, from its config alone.
+# WarmStartConfig fields that only the extractor's half reads.
+EXTRACTOR_SETTINGS = ("extractor_steps", "merge_examples", "merge_lessons", "extractor_learning_rate")
 
-    Runs with equal identities build the same warm start (bitwise, on one machine): the trainer
-    keys the cache on it (plus the tokenizer's fingerprint, a property of the built vocabulary), and
-    experiments/reproduce.py shares a finished cache between runs by it. How a run uses experience
-    afterwards (search, merging, frozen roles, ...) is left out: the actor's demos do not depend on
-    it. Whether there is an extractor is in: a run without one has no extractor to fine-tune.
+
+def _actor_settings(cfg: WarmStartConfig) -> dict:
+    return {k: v for k, v in dataclasses.asdict(cfg).items() if k not in EXTRACTOR_SETTINGS}
+
+
+def cache_identity(cfg: RunConfig) -> dict:
+    """Every setting of a run that its warm start depends on, from its config alone, by half:
+    {"actor": ..., "extractor": ... or None (no extractor)}.
+
+    Runs with equal halves build the same warm start of that half (up to the last bit of CPU
+    reductions): the trainer keys each cache on it (plus the tokenizer's fingerprint, a property of
+    the built vocabulary), and experiments/reproduce.py shares finished caches between runs by it.
+    How a run uses experience afterwards (search, merging, frozen roles, ...) is left out: the
+    actor's demos do not depend on it.
     """
-    identity = {"warm_start": dataclasses.asdict(cfg.warm_start), "tasks": list(cfg.tasks),
-                "seed": cfg.seed, "tokenizer": cfg.tokenizer, "actor": dataclasses.asdict(cfg.actor),
-                "max_turns": cfg.rollout.max_turns, "actor_max_len": cfg.rl.max_seq_len,
-                "with_extractor": cfg.memory.enabled}
+    actor = {"warm_start": _actor_settings(cfg.warm_start), "tasks": list(cfg.tasks), "seed": cfg.seed,
+             "tokenizer": cfg.tokenizer, "actor": dataclasses.asdict(cfg.actor),
+             "max_turns": cfg.rollout.max_turns, "actor_max_len": cfg.rl.max_seq_len}
+    extractor = None
     if cfg.memory.enabled:
-        identity.update(extractor=dataclasses.asdict(cfg.extractor_model),
-                        extractor_cache_length=cfg.extractor.cache_length,
-                        extractor_max_new_tokens=cfg.extractor.max_new_tokens)
-    return identity
+        extractor = {"warm_start": {k: getattr(cfg.warm_start, k) for k in EXTRACTOR_SETTINGS},
+                     "model": dataclasses.asdict(cfg.extractor_model),
+                     "cache_length": cfg.extractor.cache_length,
+                     "max_new_tokens": cfg.extractor.max_new_tokens}
+    return {"actor": actor, "extractor": extractor}
 
 
 @dataclasses.dataclass
@@ -94,7 +111,7 @@ class WarmStartInputs:
     extractor_room: int                  # extractor prompt budget (cache - new tokens)
     extractor_max_len: int
     seed: int
-    identity: dict                       # what the cached result depends on (cache_identity)
+    identity: dict                       # what the cached halves depend on (cache_identity)
     extractor_mesh: object = None        # the extractor's own mesh (disjoint roles); None = `mesh`
     generate: Generate | None = None     # generation with the run's extractor sampler (the probe)
 
@@ -195,34 +212,73 @@ def probe_extractor(params, generate: Generate, tasks: Sequence[dict], *, max_tu
     return out
 
 
-def _digest(cfg: WarmStartConfig, inputs: WarmStartInputs) -> str:
+def _digest(settings: dict, identity: dict, inputs: WarmStartInputs) -> str:
     # The settings passed in, not only the run's identity, so a direct call with another
     # WarmStartConfig cannot pick up a cache built under different settings; and the tokenizer
     # itself, since the same config built a different one before the word tokenizer spelled out
     # unknown words (a cache copied from such a run is recomputed).
-    return config_digest({"identity": inputs.identity, "warm_start": dataclasses.asdict(cfg),
+    return config_digest({"identity": identity, "warm_start": settings,
                           "tokenizer": inputs.tokenizer.fingerprint})
 
 
-def run_warm_start(cfg: WarmStartConfig, inputs: WarmStartInputs, workdir: str):
-    """(actor params, extractor params or None, summary dict): cached in `workdir/warm_start`."""
-    folder = os.path.join(workdir, "warm_start")
-    checkpointer = Checkpointer(os.path.join(folder, "checkpoint"), max_to_keep=1, async_save=False,
-                                digest=_digest(cfg, inputs))
-    target = {"actor": inputs.actor_state.params}
-    if inputs.extractor_state is not None:
-        target["extractor"] = inputs.extractor_state.params
-    if checkpointer.latest_step() is not None:
+class _Cache:
+    """One half's folder: its checkpoint (params + summary) and its training curves."""
+
+    def __init__(self, folder: str, digest: str):
+        self.folder, self.digest = folder, digest
+        self.checkpointer = self._open()
+
+    def _open(self) -> Checkpointer:
+        return Checkpointer(os.path.join(self.folder, "checkpoint"), max_to_keep=1, async_save=False,
+                            digest=self.digest)
+
+    def load(self, params) -> tuple[object, dict] | None:
+        """(params, summary) if a usable cache is there; an unusable one is deleted."""
+        if self.checkpointer.latest_step() is None:
+            return None
         try:
-            _, tree, summary = checkpointer.restore(target)
-            log.info("warm start: reusing %s (built in %.0f s)", folder, summary.get("time_s", 0.0))
-            return tree["actor"], tree.get("extractor"), summary
+            _, tree, summary = self.checkpointer.restore({"params": params})
         except CheckpointError as err:
-            log.warning("warm start cache in %s is unusable (%s); recomputing", folder, err)
-            checkpointer.close()
-            shutil.rmtree(checkpointer.directory)
-            checkpointer = Checkpointer(os.path.join(folder, "checkpoint"), max_to_keep=1,
-                                        async_save=False, digest=_digest(cfg, inputs))
+            log.warning("warm start cache in %s is unusable (%s); recomputing", self.folder, err)
+            self.checkpointer.close()
+            shutil.rmtree(self.folder)
+            self.checkpointer = self._open()
+            return None
+        log.info("warm start: reusing %s (built in %.0f s)", self.folder, summary.get("time_s", 0.0))
+        return tree["params"], summary
+
+    def save(self, params, summary: dict) -> None:
+        self.checkpointer.save(1, {"params": params}, summary)
+        self.checkpointer.wait()
+
+
+def _result(actor: tuple, extractor: tuple | None):
+    """(actor params, extractor params or None, summary) from each half's (params, summary): the
+    actor's summary, the extractor's under "extractor", and the halves' total wall time."""
+    summary = {k: v for k, v in actor[1].items() if k != "time_s"}
+    summary["time_s"] = actor[1].get("time_s", 0.0)
+    if extractor is None:
+        return actor[0], None, summary
+    summary["extractor"] = extractor[1]["extractor"]
+    summary["time_s"] += extractor[1].get("time_s", 0.0)
+    return actor[0], extractor[0], summary
+
+
+def run_warm_start(cfg: WarmStartConfig, inputs: WarmStartInputs, workdir: str):
+    """(actor params, extractor params or None, summary dict): each half cached in
+    `workdir/warm_start/{actor,extractor}` and trained only where its cache is missing."""
+    folder = os.path.join(workdir, "warm_start")
+    actor_cache = _Cache(os.path.join(folder, "actor"),
+                         _digest(_actor_settings(cfg), inputs.identity["actor"], inputs))
+    actor = actor_cache.load(inputs.actor_state.params)
+    extractor_cache, extractor = None, None
+    if inputs.extractor_state is not None:
+        extractor_cache = _Cache(os.path.join(folder, "extractor"),
+                                 _digest(dataclasses.asdict(cfg), inputs.identity, inputs))
+        extractor = extractor_cache.load(inputs.extractor_state.params)
+    if actor is not None and (extractor_cache is None or extractor is not None):
+        return _result(actor, extractor)
+
     started = time.perf_counter()
     tasks = [inputs.train_tasks[i % len(inputs.train_tasks)] for i in range(cfg.episodes)]
     log.info("warm start: playing %d scripted episodes (random-action rates %s)", len(tasks),
@@ -238,10 +294,24 @@ def run_warm_start(cfg: WarmStartConfig, inputs: WarmStartInputs, workdir: str):
                   "play_s": time.perf_counter() - started}
     log.info("warm start: demos success %.2f, %.1f actions, %d guided, %d with search-and-ask",
              demo_stats["success"], demo_stats["actions"], demo_stats["guided"], demo_stats["searched"])
+    if actor is None:
+        actor = _train_actor(cfg, inputs, demos, actor_cache.folder, started)
+        actor[1]["demos"] = demo_stats
+        actor_cache.save(*actor)
+    if extractor_cache is not None and extractor is None:
+        extractor = _train_extractor(cfg, inputs, demos, extractor_cache.folder, time.perf_counter())
+        extractor_cache.save(*extractor)
+    log.info("warm start: done in %.0f s (actor loss %s -> %s)", time.perf_counter() - started,
+             actor[1]["actor"]["loss_first"], actor[1]["actor"]["loss_last"])
+    return _result(actor, extractor)
+
+
+def _train_actor(cfg: WarmStartConfig, inputs: WarmStartInputs, demos, folder: str, started: float):
+    """Behaviour cloning on the demos: (params, summary); curves in `folder`."""
     writer = metrics_lib.MetricsWriter(folder)
     writer.resume_from(-1)
     actor_examples = demos_lib.actor_examples(inputs.tokenizer, demos)
-    actor_state, summary = inputs.actor_state, {"demos": demo_stats}
+    actor_state, summary = inputs.actor_state, {}
     if cfg.window_steps > 0:
         window = min(cfg.actor_window, inputs.actor_max_len)
         if cfg.window_goal:
@@ -258,49 +328,46 @@ def run_warm_start(cfg: WarmStartConfig, inputs: WarmStartInputs, workdir: str):
             steps=cfg.window_steps, batch_size=cfg.window_batch_size, learning_rate=cfg.learning_rate,
             mesh=inputs.mesh, seed=inputs.seed, writer=writer, step_offset=0, **sizing)
         actor_state = actor_state.replace(params=params)
-    actor_params, actor_summary = train_supervised(
+    params, summary["actor"] = train_supervised(
         "actor", actor_state, actor_examples, steps=cfg.actor_steps, batch_size=cfg.batch_size,
         learning_rate=cfg.learning_rate, max_len=inputs.actor_max_len, mesh=inputs.mesh,
         seed=inputs.seed, writer=writer, step_offset=cfg.window_steps)
-    summary["actor"] = actor_summary
-    extractor_params = None
-    if inputs.extractor_state is not None:
-        examples, counts = demos_lib.extractor_examples(
-            inputs.tokenizer, demos, room=inputs.extractor_room, merges=cfg.merge_examples,
-            merge_lessons=cfg.merge_lessons, seed=inputs.seed)
-        extractor_params, ext_summary = train_supervised(
-            "extractor", inputs.extractor_state, examples, steps=cfg.extractor_steps,
-            batch_size=cfg.batch_size, learning_rate=cfg.extractor_learning_rate,
-            max_len=inputs.extractor_max_len, mesh=inputs.extractor_mesh or inputs.mesh,
-            seed=inputs.seed + 1, writer=writer,
-            step_offset=cfg.window_steps + cfg.actor_steps)
-        summary["extractor"] = {**ext_summary, **counts}
-        if inputs.generate is not None:
-            # Train tasks after the demos' (the same ones again when the split is smaller),
-            # played with other random actions: transcripts the extractor was not trained on.
-            probe_tasks = [inputs.train_tasks[(cfg.episodes + i) % len(inputs.train_tasks)]
-                           for i in range(PROBE_EPISODES)]
-            probe = probe_extractor(extractor_params, inputs.generate, probe_tasks,
-                                    max_turns=inputs.max_turns, seed=inputs.seed + 99,
-                                    merge_lessons=cfg.merge_lessons)
-            summary["extractor"]["probe"] = probe
-            log.info("warm start: the extractor's distillations of %d fresh episodes: %.0f%% parse (%s)",
-                     probe["episodes"], 100 * probe["parsed"],
-                     ", ".join(f"{k} {v}" for k, v in sorted(probe["outcomes"].items())))
-            log.info("warm start: the extractor's merges of %d chunks of lessons: %.0f%% parse (%s)",
-                     probe["merges"], 100 * probe["merge_parsed"],
-                     ", ".join(f"{k} {v}" for k, v in sorted(probe["merge_outcomes"].items())))
-            if probe["parsed"] < PROBE_WARN_BELOW:
-                log.warning("warm start: only %.0f%% of the extractor's distillations parse, so the bank "
-                            "will stay nearly empty; raise warm_start.extractor_steps",
-                            100 * probe["parsed"])
     writer.close()
     summary["time_s"] = time.perf_counter() - started
-    tree = {"actor": actor_params}
-    if extractor_params is not None:
-        tree["extractor"] = extractor_params
-    checkpointer.save(1, tree, summary)
-    checkpointer.wait()
-    log.info("warm start: done in %.0f s (actor loss %s -> %s)", summary["time_s"],
-             actor_summary["loss_first"], actor_summary["loss_last"])
-    return actor_params, extractor_params, summary
+    return params, summary
+
+
+def _train_extractor(cfg: WarmStartConfig, inputs: WarmStartInputs, demos, folder: str, started: float):
+    """SFT on the scripted summariser's replies for the demos, then the probe: (params, summary);
+    curves in `folder`, numbered after the actor's steps."""
+    writer = metrics_lib.MetricsWriter(folder)
+    writer.resume_from(-1)
+    examples, counts = demos_lib.extractor_examples(
+        inputs.tokenizer, demos, room=inputs.extractor_room, merges=cfg.merge_examples,
+        merge_lessons=cfg.merge_lessons, seed=inputs.seed)
+    params, ext_summary = train_supervised(
+        "extractor", inputs.extractor_state, examples, steps=cfg.extractor_steps,
+        batch_size=cfg.batch_size, learning_rate=cfg.extractor_learning_rate,
+        max_len=inputs.extractor_max_len, mesh=inputs.extractor_mesh or inputs.mesh,
+        seed=inputs.seed + 1, writer=writer,
+        step_offset=cfg.window_steps + cfg.actor_steps)
+    writer.close()
+    summary = {**ext_summary, **counts}
+    if inputs.generate is not None:
+        # Train tasks after the demos' (the same ones again when the split is smaller),
+        # played with other random actions: transcripts the extractor was not trained on.
+        probe_tasks = [inputs.train_tasks[(cfg.episodes + i) % len(inputs.train_tasks)]
+                       for i in range(PROBE_EPISODES)]
+        probe = probe_extractor(params, inputs.generate, probe_tasks, max_turns=inputs.max_turns,
+                                seed=inputs.seed + 99, merge_lessons=cfg.merge_lessons)
+        summary["probe"] = probe
+        log.info("warm start: the extractor's distillations of %d fresh episodes: %.0f%% parse (%s)",
+                 probe["episodes"], 100 * probe["parsed"],
+                 ", ".join(f"{k} {v}" for k, v in sorted(probe["outcomes"].items())))
+        log.info("warm start: the extractor's merges of %d chunks of lessons: %.0f%% parse (%s)",
+                 probe["merges"], 100 * probe["merge_parsed"],
+                 ", ".join(f"{k} {v}" for k, v in sorted(probe["merge_outcomes"].items())))
+        if probe["parsed"] < PROBE_WARN_BELOW:
+            log.warning("warm start: only %.0f%% of the extractor's distillations parse, so the bank "
+                        "will stay nearly empty; raise warm_start.extractor_steps", 100 * probe["parsed"])
+    return params, {"extractor": summary, "time_s": time.perf_counter() - started}

@@ -33,8 +33,8 @@ def test_warm_start_runs_before_rl_and_is_reported(make_config, tmp_path):
     assert 0.0 <= first["warm_start/extractor_merge_parsed"] <= 1.0
     assert rows[-1]["eval/without_exp/episodes"] == 4          # the final evaluation
     assert "bank/retrievals" in rows[-1]
-    with open(tmp_path / "warm_start" / "metrics.jsonl") as f:
-        curve = [json.loads(line) for line in f]
+    curve = [json.loads(line) for half in ("actor", "extractor")
+             for line in (tmp_path / "warm_start" / half / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in curve] == list(range(8))         # 6 actor + 2 extractor updates
     assert curve[5]["actor/loss"] < curve[0]["actor/loss"]
     # One line of sample episodes per step: an experience-free and a guided one, as text.
@@ -68,5 +68,5 @@ def test_warm_start_runs_before_rl_and_is_reported(make_config, tmp_path):
     again = trainer_lib.Trainer(cfg, str(tmp_path))
     summary = again.warm_start()
     assert summary["actor"]["steps"] == 6
-    with open(tmp_path / "warm_start" / "metrics.jsonl") as f:
-        assert len(f.readlines()) == 8                            # nothing retrained
+    for half, rows in (("actor", 6), ("extractor", 2)):                # nothing retrained
+        assert len((tmp_path / "warm_start" / half / "metrics.jsonl").read_text().splitlines()) == rows
