@@ -272,10 +272,6 @@ def main(argv: list[str]) -> int:
             print(f"config error: {problem}", file=sys.stderr)
         return 2
     runs = [run for run, _ in grid]
-    # Warm starts are shared with every method's run of the same setting and seed under --out,
-    # not only the ones selected now: a grid completed in pieces still pairs its methods.
-    siblings = runs if set(args.methods) == set(METHODS) else [
-        run for run, _ in plan(args.settings, list(METHODS), args.seeds, args.steps, args.out)]
     if args.dry_run:
         for i, (run, spec) in enumerate(grid, 1):
             where = f" step {run.last_step + 1}/{run.steps}" if run.last_step >= 0 else ""
@@ -286,6 +282,10 @@ def main(argv: list[str]) -> int:
         return 0
     if not args.table_only:
         env, started, failed = child_env(args.out), time.monotonic(), []
+        # Warm starts are shared with every method's run of the same setting and seed under
+        # --out, not only the ones selected now: a grid completed in pieces still pairs them.
+        siblings = runs if set(args.methods) == set(METHODS) else [
+            run for run, _ in plan(args.settings, list(METHODS), args.seeds, args.steps, args.out)]
         for i, (run, spec) in enumerate(grid, 1):
             tag = f"[{i}/{len(grid)}] {run.name}"
             if run.state == "done":

@@ -315,12 +315,6 @@ def test_run_warm_start_trains_and_reuses_its_cache(short_tokenizer, tmp_path):
     assert summary2 == summary
     _assert_same(actor_params, again)
     _assert_same(ext_params, ext_again)
-    # A different warm-start configuration does not reuse it.
-    _, actor3 = _nano_state(tokenizer, seed=5)
-    _, ext3 = _nano_state(tokenizer, seed=6)
-    other = WarmStartConfig(**{**cfg.__dict__, "actor_steps": 3})
-    _, _, summary3 = run_warm_start(other, inputs(actor3, ext3), str(tmp_path / "other"))
-    assert summary3["actor"]["steps"] == 3
 
     # A run without an extractor (the GRPO baseline) with the actor's half copied in starts from
     # the very same actor without training; so does a run whose extractor settings differ, which
@@ -341,12 +335,12 @@ def test_run_warm_start_trains_and_reuses_its_cache(short_tokenizer, tmp_path):
     assert summary5["extractor"]["merge"] == 3 and summary["extractor"]["merge"] == 2
     copied_curve = (tmp_path / "more_merges" / "warm_start" / "actor" / "metrics.jsonl").read_text()
     assert len(copied_curve.splitlines()) == 6                             # not trained again
-    # ... but an actor cache built under other actor settings is not taken: it is rebuilt.
-    shutil.copytree(tmp_path / "other" / "warm_start" / "actor",
-                    tmp_path / "mismatch" / "warm_start" / "actor")
-    _, actor6 = _nano_state(tokenizer, seed=0)
-    _, _, summary6 = run_warm_start(cfg, inputs(actor6, None), str(tmp_path / "mismatch"))
-    assert summary6["actor"]["steps"] == 4
+    # A different warm-start configuration does not reuse the cache: the actor's half is rebuilt.
+    _, actor3 = _nano_state(tokenizer, seed=5)
+    _, ext3 = _nano_state(tokenizer, seed=6)
+    other = WarmStartConfig(**{**cfg.__dict__, "actor_steps": 3})
+    _, _, summary3 = run_warm_start(other, inputs(actor3, ext3), str(tmp_path))
+    assert summary3["actor"]["steps"] == 3
 
 
 def _assert_same(tree_a, tree_b):
