@@ -391,6 +391,27 @@ def render_only(folder: str) -> int:
     return 1 if summary["failed"] else 0
 
 
+def cpu_description(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The CPU's model and widest vector extension, e.g. "AMD EPYC (x86_64, AVX2)". Ratios against
+    PyTorch move with the CPU (XLA's and PyTorch's CPU kernels are tuned differently per vector
+    width), so a results table names the machine it was measured on."""
+    model, flags = platform.machine(), set()
+    try:
+        with open(cpuinfo) as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and model == platform.machine():
+                    model = value.strip()
+                elif key.strip() == "flags":
+                    flags = set(value.split())
+    except OSError:  # not Linux: the architecture alone
+        return platform.machine()
+    isa = next((name.upper() for name in ("avx512f", "avx2", "avx", "neon", "asimd") if name in flags),
+               None)
+    isa = "AVX-512" if isa == "AVX512F" else isa
+    return f"{model} ({platform.machine()}, {isa})" if isa else f"{model} ({platform.machine()})"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default=None, help="comma-separated benchmark names")
@@ -407,7 +428,7 @@ def main(argv=None) -> int:
     own = ["python", "benchmarks/run_all.py"] + (sys.argv[1:] if argv is None else list(argv))
     header = {"command": shlex.join(own), "quick": args.quick,
               "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
-              "machine": f"{os.cpu_count()} CPUs, {platform.machine()}, Python "
+              "machine": f"{os.cpu_count()} CPUs, {cpu_description()}, Python "
                          f"{platform.python_version()}",
               "xla_flags": os.environ.get("XLA_FLAGS", "")}
     results, total_start = [], time.time()

@@ -187,3 +187,19 @@ def test_only_run_keeps_the_other_benchmarks_rows():
     # A table made at the other sizes is not mixed in, nor is a missing one.
     assert run_all.merge_results(dict(previous, quick=True), [rerun], quick=False) == [rerun]
     assert run_all.merge_results(None, [rerun], quick=False) == [rerun]
+
+
+@pytest.mark.parametrize("flags, expected", [
+    ("fpu sse2 avx avx2 fma avx512f avx512bw", "Some CPU 9000 (x86_64, AVX-512)"),
+    ("fpu sse2 avx avx2 fma", "Some CPU 9000 (x86_64, AVX2)"),
+    ("fpu sse2", "Some CPU 9000 (x86_64)"),
+])
+def test_the_table_names_the_cpu_and_its_widest_vector_extension(tmp_path, monkeypatch, flags,
+                                                                  expected):
+    """Ratios against PyTorch move with the CPU, so the header says which one made them."""
+    monkeypatch.setattr(run_all.platform, "machine", lambda: "x86_64")
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nmodel name\t: Some CPU 9000\n"
+                       f"flags\t\t: {flags}\n\nprocessor\t: 1\nmodel name\t: Some CPU 9000\n")
+    assert run_all.cpu_description(str(cpuinfo)) == expected
+    assert run_all.cpu_description(str(tmp_path / "missing")) == "x86_64"
