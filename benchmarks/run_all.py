@@ -391,25 +391,26 @@ def render_only(folder: str) -> int:
     return 1 if summary["failed"] else 0
 
 
+_VECTOR_EXTENSIONS = (("avx512f", "AVX-512"), ("avx2", "AVX2"), ("avx", "AVX"), ("asimd", "ASIMD"))
+
+
 def cpu_description(cpuinfo: str = "/proc/cpuinfo") -> str:
     """The CPU's model and widest vector extension, e.g. "AMD EPYC (x86_64, AVX2)". Ratios against
     PyTorch move with the CPU (XLA's and PyTorch's CPU kernels are tuned differently per vector
     width), so a results table names the machine it was measured on."""
-    model, flags = platform.machine(), set()
+    arch, model, flags = platform.machine(), None, set()
     try:
         with open(cpuinfo) as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() == "model name" and model == platform.machine():
-                    model = value.strip()
-                elif key.strip() == "flags":
+            for line in f:  # one block per core, all alike: the first model name and flags do
+                key, _, value = (part.strip() for part in line.partition(":"))
+                if key == "model name" and model is None:
+                    model = value
+                elif key in ("flags", "Features") and not flags:  # x86, Arm
                     flags = set(value.split())
     except OSError:  # not Linux: the architecture alone
-        return platform.machine()
-    isa = next((name.upper() for name in ("avx512f", "avx2", "avx", "neon", "asimd") if name in flags),
-               None)
-    isa = "AVX-512" if isa == "AVX512F" else isa
-    return f"{model} ({platform.machine()}, {isa})" if isa else f"{model} ({platform.machine()})"
+        return arch
+    isa = next((label for flag, label in _VECTOR_EXTENSIONS if flag in flags), None)
+    return f"{model or arch} ({arch}, {isa})" if isa else f"{model or arch} ({arch})"
 
 
 def main(argv=None) -> int:
