@@ -262,7 +262,8 @@ def _hms(seconds: float) -> str:
 
 
 class Progress:
-    """Status line for the step loop: "step 12/100 | elapsed 0:01:05 | ETA 0:07:57 | key v ...".
+    """Status line for long loops: "step 12/100 | elapsed 0:01:05 | ETA 0:07:57 | key v ...".
+    `label` names what is counted ("step" for the training loop, episodes for an evaluation).
 
     On a terminal one line is rewritten in place; otherwise (log files, CI) a line is printed every
     `every` steps and at the last step. The rate is measured from the first `update`, so a resumed
@@ -270,10 +271,11 @@ class Progress:
     """
 
     def __init__(self, total: int, keys: Iterable[str] = (), every: int = 10, stream=None,
-                 enabled: bool | None = None, clock=time.monotonic):
+                 enabled: bool | None = None, clock=time.monotonic, label: str = "step"):
         if total < 1 or every < 1:
             raise ValueError(f"Progress needs total >= 1 and every >= 1, got {total}, {every}")
         self.total, self.keys, self.every = int(total), tuple(keys), int(every)
+        self.label = label
         self.stream = sys.stderr if stream is None else stream
         self.enabled = _default_enabled() if enabled is None else bool(enabled)
         self._clock = clock
@@ -291,7 +293,7 @@ class Progress:
             eta = _hms((now - first_t) / (step - first_step) * (self.total - step))
         else:
             eta = "0:00:00" if step >= self.total else "?"
-        parts = [f"step {step}/{self.total}", f"elapsed {_hms(now - self._t0)}", f"ETA {eta}"]
+        parts = [f"{self.label} {step}/{self.total}", f"elapsed {_hms(now - self._t0)}", f"ETA {eta}"]
         for name in self.keys:
             if name in scalars and scalars[name] is not None:
                 parts.append(f"{name} {_as_float(name, scalars[name]):.4g}")

@@ -399,6 +399,8 @@ class Trainer:
             specs = [EpisodeSpec(t["env"], int(t["seed"]), i, with_exp)
                      for i, t in enumerate(self.test_tasks)]
             trajectories = []
+            # An evaluation plays hundreds of episodes (minutes on a CPU): show how far it is.
+            progress = metrics_lib.Progress(len(specs), every=1, label=f"{prefix} episodes")
             for start in range(0, len(specs), width):
                 chunk = specs[start:start + width]
                 # Same batch width as training, so the compiled sampler is reused.
@@ -406,6 +408,8 @@ class Trainer:
                 trajs, _ = self.rollout(padded, step, with_exp, seed=self._seed(step, salt + offset),
                                         count_retrievals=False)
                 trajectories += trajs[:len(chunk)]
+                progress.update(len(trajectories))
+            progress.close()
             out.update(episode_metrics(trajectories, prefix))
         out[metrics_lib.TIME_EVAL] = time.perf_counter() - started
         return out

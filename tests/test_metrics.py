@@ -159,6 +159,16 @@ def test_progress_lines_with_eta_and_scalars():
     assert lines[2].startswith("step 30/100 | elapsed 0:01:05 | ETA 0:02:20 |")
 
 
+def test_progress_counts_what_its_label_names():
+    clock, out = _Clock(), io.StringIO()
+    p = m.Progress(96, every=1, stream=out, enabled=True, clock=clock, label="eval episodes")
+    for done in (48, 96):
+        clock.now = done / 4
+        p.update(done)
+    assert out.getvalue().splitlines() == ["eval episodes 48/96 | elapsed 0:00:12 | ETA ?",
+                                           "eval episodes 96/96 | elapsed 0:00:24 | ETA 0:00:00"]
+
+
 def test_progress_rewrites_one_line_on_a_terminal():
     class Tty(io.StringIO):
         def isatty(self):

@@ -125,7 +125,7 @@ def test_experience_only_freezes_the_actor(make_config, tmp_path):
     check_updated(rows, trainer.extractor_state, extractor0, "extractor")
 
 
-def test_grpo_baseline_has_no_retrieval_and_no_extractor(make_config, tmp_path):
+def test_grpo_baseline_has_no_retrieval_and_no_extractor(make_config, tmp_path, capsys):
     cfg = make_config(**COIN, memory={"enabled": False}, rollout={"free_per_group": 4,
                                                                   "search_and_ask": False})
     trainer = trainer_lib.Trainer(cfg, str(tmp_path))
@@ -138,6 +138,9 @@ def test_grpo_baseline_has_no_retrieval_and_no_extractor(make_config, tmp_path):
     check_updated(rows, trainer.actor_state, actor0, "actor")
     assert not any(k.startswith(("bank/", "distill/", "eval/with_exp")) for r in rows for k in r)
     assert same(extractor0, params_of(trainer.extractor_state))
+    # The final evaluation shows its progress (only without experience: there is no bank).
+    err = capsys.readouterr().err
+    assert "eval/without_exp episodes 2/2 | elapsed" in err and "eval/with_exp episodes" not in err
 
 
 def test_ablations_no_merge_no_search_and_advantage_modes(make_config, tmp_path):
