@@ -24,8 +24,10 @@ on another config file.
 
 `--export=DIR` keeps what the results are made of: it copies each finished run's metrics log,
 config and report (not its checkpoints) to the same place under DIR and writes the results there
-from every run record DIR holds, so records from earlier machines or sessions count alongside the
-new ones. DIR is itself a grid output: `--table-only --out=DIR` rebuilds it, and copying its run
+from the runs of this invocation and every other run record DIR holds (`<setting>/<method>/
+seed<N>/metrics.jsonl`, of a setting named here or a default one), so records from earlier
+machines or sessions count alongside the new ones, whatever `--only`, `--methods` and `--seeds`
+say. DIR is itself a grid output: `--table-only --out=DIR` rebuilds it, and copying its run
 folders into a new `--out` lets a later grid add seeds or methods without rerunning them.
 
 Every method of one setting and seed starts RL from the same warm-started actor (the warm start
@@ -49,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import glob
 import json
 import os
 import shutil
@@ -258,6 +261,42 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+def recorded_runs(dest: str) -> list[tuple[str, str, int]]:
+    """(setting, method, seed) of every run record under `dest`: `<setting>/<method>/seed<N>/`
+    holding a metrics log."""
+    found = set()
+    for path in glob.glob(os.path.join(glob.escape(dest), "*", "*", "seed*", "metrics.jsonl")):
+        setting, method, seed_dir = os.path.relpath(os.path.dirname(path), dest).split(os.sep)
+        if method in METHODS and seed_dir[len("seed"):].isdigit():
+            found.add((setting, method, int(seed_dir[len("seed"):])))
+    return sorted(found)
+
+
+def export(runs: list[Run], args: argparse.Namespace) -> list[Run]:
+    """Copy the records of `runs` to `args.export`; return the runs its results cover: these, and
+    every other record the folder holds (an earlier machine's seeds, another setting or method),
+    planned under `args.export` like a grid's runs. A record of a setting that is neither named
+    here nor a default one cannot be planned (its config is unknown): it is left out, with a
+    warning."""
+    exported = {(r.setting, r.method, r.seed): r
+                for r in results_lib.export_records(runs, args.out, args.export)}
+    settings = dict(args.settings)
+    for setting, method, seed in recorded_runs(args.export):
+        if (setting, method, seed) in exported:
+            continue
+        if setting not in settings and setting not in SETTINGS:
+            print(f"warning: the record {setting}/{method}/seed{seed} in {args.export} is of an "
+                  "unknown setting (name it with --setting to tabulate it); left out", file=sys.stderr)
+            continue
+        spec = settings.setdefault(setting, SETTINGS.get(setting))
+        (run, _), = plan({setting: spec}, [method], [seed], args.steps, args.export)
+        exported[(setting, method, seed)] = run
+    order = {name: i for i, name in enumerate(settings)}
+    methods = list(METHODS)
+    return sorted(exported.values(),
+                  key=lambda r: (order[r.setting], r.seed, methods.index(r.method)))
+
+
 def _interrupt(signum, frame):
     raise KeyboardInterrupt  # a terminated grid also ends the training run it started
 
@@ -314,8 +353,8 @@ def main(argv: list[str]) -> int:
     results_lib.write_results(runs, len(args.seeds), args.out)
     print(f"results: {os.path.join(args.out, 'results.md')}")
     if args.export:
-        records = results_lib.export_records(runs, args.out, args.export)
-        results_lib.write_results(records, len(args.seeds), args.export)
+        records = export(runs, args)
+        results_lib.write_results(records, len({r.seed for r in records}), args.export)
         held = sum(r.state == "done" for r in records)
         print(f"records of {held} of {len(records)} runs in {args.export}; "
               f"results: {os.path.join(args.export, 'results.md')}")

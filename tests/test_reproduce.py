@@ -308,3 +308,27 @@ def test_export_folder_must_differ_from_the_output(tmp_path, capsys):
     assert "--export must name another folder" in capsys.readouterr().err
     args = rp.parse_args([f"--out={tmp_path / 'a'}", f"--export={tmp_path / 'b'}"])
     assert args.export == str(tmp_path / "b")
+
+
+def test_export_tabulates_every_record_the_folder_holds_not_only_this_invocation(tmp_path, capsys):
+    """Exporting one run (`--only=single --methods=crl --seeds=0`) must keep the table's other
+    records: an earlier machine's seed of another method, another default setting's run. A record
+    of a setting this invocation cannot plan is reported and left out."""
+    rp = _load_reproduce()
+    out, dest = tmp_path / "grid", tmp_path / "records"
+    rng = np.random.default_rng(3)
+    write_run(str(out / "single" / "crl" / "seed0"), rng, PREFIXES["crl"])
+    write_run(str(dest / "single" / "baseline" / "seed1"), rng, PREFIXES["baseline"])
+    write_run(str(dest / "three" / "crl" / "seed0"), rng, PREFIXES["crl"])
+    write_run(str(dest / "custom" / "crl" / "seed0"), rng, PREFIXES["crl"])
+    assert rp.main([f"--out={out}", f"--export={dest}", "--table-only", "--only=single",
+                    "--methods=crl", "--seeds=0", f"--steps={STEPS}"]) == 0
+    assert "custom/crl/seed0" in capsys.readouterr().err
+    with open(dest / "results.json") as f:
+        results = json.load(f)
+    assert results["seeds"] == 2  # seeds 0 and 1 are on record
+    runs = {setting: {r["run"]: r["state"] for r in s["runs"]}
+            for setting, s in results["settings"].items()}
+    assert runs == {"single": {"single/baseline/seed1": "done", "single/crl/seed0": "done"},
+                    "three": {"three/crl/seed0": "done"}}
+    assert {r["method"] for r in results["settings"]["single"]["table"]} == {"baseline", "crl"}
