@@ -265,6 +265,9 @@ def _warm_start_section(rows: list[dict]) -> list[str]:
     if first.get("warm_start/extractor_merge_parsed") is not None:
         lines.append("- extractor merges that parse, on fresh chunks of lessons: "
                      f"{_fmt(first['warm_start/extractor_merge_parsed'])}")
+    if first.get("warm_start/actor_fingerprint") is not None:
+        lines.append("- fingerprint of the actor's weights after it (runs with equal ones start RL "
+                     f"from the same actor): {int(first['warm_start/actor_fingerprint']):012x}")
     lines.append(f"- wall time: {_fmt(first.get('warm_start/time_s', 0.0))} s (curves: "
                  "warm_start/{actor,extractor}/metrics.jsonl and TensorBoard)")
     return ["", "## Warm start", "", *lines]

@@ -563,6 +563,8 @@ class Trainer:
             out.update({"warm_start/actor_loss": summary["actor"]["loss_last"] or 0.0,
                         "warm_start/demo_success": summary["demos"]["success"],
                         "warm_start/time_s": summary.get("time_s", 0.0)})
+            if summary.get("actor_fingerprint") is not None:  # which actor RL starts from
+                out["warm_start/actor_fingerprint"] = summary["actor_fingerprint"]
             if "actor_window" in summary:
                 out["warm_start/actor_window_loss"] = summary["actor_window"]["loss_last"] or 0.0
             if "extractor" in summary:

@@ -184,6 +184,15 @@ def _task_average(evaluation: dict | None, prefix: str, tasks: tuple[str, ...]) 
     return None if None in values else float(np.mean(values))
 
 
+def actor_fingerprint(rows: list[dict]) -> int | None:
+    """The fingerprint of the actor's weights that the run started RL from (logged with its first
+    step as `warm_start/actor_fingerprint`), or None (no warm start, or a run made before it was
+    logged)."""
+    value = next((r["warm_start/actor_fingerprint"] for r in rows
+                  if r.get("warm_start/actor_fingerprint") is not None), None)
+    return None if value is None else int(value)
+
+
 def table_rows(runs: list[Run], tasks: tuple[str, ...], seeds: int,
                rows_by_run: dict[str, list[dict]]) -> list[dict]:
     """Table 1's rows for one setting: final success per task and averaged over tasks. The average
@@ -198,6 +207,8 @@ def table_rows(runs: list[Run], tasks: tuple[str, ...], seeds: int,
         done = [r for r in runs if r.method == method and r.state == "done"]
         evaluations = [(r.seed, final_eval(rows_by_run[r.name], prefix),
                         final_eval(rows_by_run[r.name], f"{m.START}/{prefix}")) for r in done]
+        fingerprints = {str(r.seed): fp for r in done
+                        if (fp := actor_fingerprint(rows_by_run[r.name])) is not None}
         finals = [f for _, f, _ in evaluations if f is not None]
         per_task = {t: stats([v for f in finals if (v := task_value(f, prefix, t, tasks)) is not None],
                              seeds) for t in tasks}
@@ -211,17 +222,24 @@ def table_rows(runs: list[Run], tasks: tuple[str, ...], seeds: int,
                     "avg": stats(list(ends.values()), seeds), "actions": stats(actions, seeds),
                     "start": stats(list(starts.values()), seeds),
                     "change": stats([ends[k] - starts[k] for k in ends if k in starts], seeds),
-                    "avg_by_seed": {str(k): v for k, v in sorted(ends.items())}})
+                    "avg_by_seed": {str(k): v for k, v in sorted(ends.items())},
+                    "actor_by_seed": fingerprints})
     base = next((r for r in out if r["method"] == "baseline"), None)
     for row in out:
         if base is None or row is base:
             continue
         common = sorted(set(row["avg_by_seed"]) & set(base["avg_by_seed"]))
+        # A seed is paired only if both runs started RL from the same actor, where both logged
+        # which (runs made before the fingerprint was logged are taken as paired).
+        apart = [s for s in common if None not in (a := (row["actor_by_seed"].get(s),
+                                                        base["actor_by_seed"].get(s))) and a[0] != a[1]]
+        common = [s for s in common if s not in apart]
         diffs = [row["avg_by_seed"][s] - base["avg_by_seed"][s] for s in common]
         row["vs_baseline"] = stats(diffs, seeds)
         base_mean = float(np.mean([base["avg_by_seed"][s] for s in common])) if common else 0.0
         row["vs_baseline"]["relative"] = (float(np.mean(diffs)) / base_mean
                                           if diffs and base_mean > 0 else None)
+        row["vs_baseline"]["other_actor_seeds"] = apart
     return out
 
 
@@ -381,6 +399,12 @@ def _setting_markdown(setting: str, s: dict) -> list[str]:
             d = row["vs_baseline"]
             rel = f"{d['relative']:+.0%}" if d.get("relative") is not None else "—"
             out.append(f"| {row['label']} | {cell(d)} | {rel} |")
+        apart = [f"{row['label']} seed {seed}" for row in paired
+                 for seed in row["vs_baseline"].get("other_actor_seeds", [])]
+        if apart:
+            out += ["", "Left out of the pairing, as they started RL from another actor than the "
+                    "baseline's of the same seed (by the `warm_start/actor_fingerprint` each "
+                    "logged): " + ", ".join(apart) + "."]
     out += ["", ACTIONS_NOTE, "", "| Method | actions |", "|---|---:|"]
     out += [f"| {row['label']} | {cell(row['actions'], 1)} |" for row in s["table"]]
     out += ["", ROLLOUT_NOTE, "", "| Method | s/step | ratio to baseline |", "|---|---:|---:|"]

@@ -23,9 +23,10 @@ STEPS, SEEDS = 4, 3
 PREFIXES = {"baseline": ("eval/without_exp",), "crl": ("eval/with_exp", "eval/without_exp")}
 
 
-def write_run(workdir, rng, prefixes) -> dict:
+def write_run(workdir, rng, prefixes, actor=None) -> dict:
     """A finished run's metrics.jsonl (evaluations at steps 1 and 3) and report.md; returns the
-    values it logged at the final evaluation and its rollout times."""
+    values it logged at the final evaluation and its rollout times. `actor`: the fingerprint of
+    its warm-started actor, logged with step 0 (None: not logged, as by older runs)."""
     os.makedirs(workdir)
     final, rollout, start = {}, [], {}
     with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
@@ -34,6 +35,8 @@ def write_run(workdir, rng, prefixes) -> dict:
                    "train/actions": float(rng.uniform(2, 8)),
                    "time/actor_rollout_s": float(rng.uniform(1, 2) + 30 * (step == 0))}
             rollout.append(row["time/actor_rollout_s"])
+            if step == 0 and actor is not None:
+                row["warm_start/actor_fingerprint"] = float(actor)
             if step == 0:  # the evaluation before the first RL step
                 for prefix in prefixes:
                     start[prefix] = {t: float(rng.uniform()) for t in TASKS}
@@ -332,3 +335,31 @@ def test_export_tabulates_every_record_the_folder_holds_not_only_this_invocation
     assert runs == {"single": {"single/baseline/seed1": "done", "single/crl/seed0": "done"},
                     "three": {"three/crl/seed0": "done"}}
     assert {r["method"] for r in results["settings"]["single"]["table"]} == {"baseline", "crl"}
+
+
+def test_runs_that_started_from_another_actor_are_not_paired(tmp_path):
+    """Pairing with the baseline assumes one warm-started actor per seed: a seed whose runs logged
+    different actor fingerprints is left out of the paired difference, and said so."""
+    rng = np.random.default_rng(5)
+    actors = {("baseline", 0): 2 ** 47 + 1, ("crl", 0): 2 ** 47 + 1,     # the same actor
+              ("baseline", 1): 11, ("crl", 1): 12,                      # retrained apart
+              ("baseline", 2): 21, ("crl", 2): None}                    # not logged: paired
+    runs, logged = [], {}
+    for (method, seed), actor in actors.items():
+        run = rr.Run("three", method, seed, str(tmp_path / method / f"seed{seed}"), STEPS, TASKS,
+                     episodes_per_step=16)
+        logged[(method, seed)] = write_run(run.workdir, rng, PREFIXES[method], actor)
+        run.state, run.last_step = rr.run_state(run)
+        runs.append(run)
+    results = rr.write_results(runs, SEEDS, str(tmp_path))
+    paired = _row(results, "crl", "eval/without_exp")["vs_baseline"]
+    assert paired["other_actor_seeds"] == ["1"] and paired["n"] == 2
+
+    def average(method, seed):
+        final = logged[(method, seed)]["final"]["eval/without_exp"]
+        return np.mean([final[f"eval/without_exp/success/{t}"] for t in TASKS])
+
+    np.testing.assert_allclose(paired["values"],
+                               [average("crl", s) - average("baseline", s) for s in (0, 2)])
+    markdown = (tmp_path / "results.md").read_text()
+    assert "Left out of the pairing" in markdown and "Comp. RL (eval w/o exp.) seed 1" in markdown

@@ -19,7 +19,8 @@ from crl_jax.rollout.extractor import prompt_ids
 from crl_jax.rl.state import OptimizerConfig, create_sharded_state, make_optimizer
 from crl_jax.rollout.vocabulary import build_tokenizer
 from crl_jax.warm_start import (PROBE_EPISODES, PROBE_MERGES, WarmStartInputs, cache_identity, demos,
-                               length_bucket, lessons, probe_extractor, rows_per_batch, run_warm_start)
+                               length_bucket, lessons, params_fingerprint, probe_extractor, rows_per_batch,
+                               run_warm_start)
 
 TASK = "sokoban/6x6-2box"   # a real environment: fast to reset, has a scripted expert
 SHORT = "test/corridor"     # short prompts, so the JAX tests compile one small shape
@@ -313,6 +314,7 @@ def test_run_warm_start_trains_and_reuses_its_cache(short_tokenizer, tmp_path):
     _, extractor2 = _nano_state(tokenizer, seed=6)
     again, ext_again, summary2 = run_warm_start(cfg, inputs(actor2, extractor2), str(tmp_path))
     assert summary2 == summary
+    assert summary["actor_fingerprint"] == params_fingerprint(actor_params) != params_fingerprint(before)
     _assert_same(actor_params, again)
     _assert_same(ext_params, ext_again)
 
@@ -325,6 +327,7 @@ def test_run_warm_start_trains_and_reuses_its_cache(short_tokenizer, tmp_path):
     baseline_params, none, baseline = run_warm_start(cfg, inputs(actor4, None), str(tmp_path / "baseline"))
     assert none is None and "extractor" not in baseline
     assert baseline["actor"] == summary["actor"] and baseline["demos"] == summary["demos"]
+    assert baseline["actor_fingerprint"] == summary["actor_fingerprint"]
     _assert_same(actor_params, baseline_params)
     _, actor5 = _nano_state(tokenizer, seed=8)
     _, ext5 = _nano_state(tokenizer, seed=9)
@@ -341,6 +344,19 @@ def test_run_warm_start_trains_and_reuses_its_cache(short_tokenizer, tmp_path):
     other = WarmStartConfig(**{**cfg.__dict__, "actor_steps": 3})
     _, _, summary3 = run_warm_start(other, inputs(actor3, ext3), str(tmp_path))
     assert summary3["actor"]["steps"] == 3
+    assert summary3["actor_fingerprint"] != summary["actor_fingerprint"]
+
+
+def test_params_fingerprint_tells_weights_apart_to_the_last_bit():
+    params = {"a": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.ones(3, np.float32)}
+    fingerprint = params_fingerprint(params)
+    assert 0 <= fingerprint < 2 ** 48 and float(fingerprint) == fingerprint  # exact as a metric
+    assert params_fingerprint(jax.tree.map(jax.numpy.asarray, params)) == fingerprint
+    nudged = dict(params, b=np.nextafter(params["b"], np.float32(2)))       # one ulp
+    renamed = {"a": params["a"], "c": params["b"]}
+    reshaped = {"a": params["a"].reshape(3, 2), "b": params["b"]}
+    assert len({fingerprint, params_fingerprint(nudged), params_fingerprint(renamed),
+                params_fingerprint(reshaped)}) == 4
 
 
 def _assert_same(tree_a, tree_b):

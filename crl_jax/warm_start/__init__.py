@@ -24,13 +24,16 @@ configuration is recomputed, and a copied-in actor cache is used as is: that is 
 experiments/reproduce.py gives a baseline and a Comp. RL run of one seed the very same actor,
 which retraining would not (XLA's multi-threaded CPU reductions are not bitwise reproducible, and
 hundreds of steps amplify the last bit into a few points of success). Training curves go to
-`metrics.jsonl` and TensorBoard in each half's folder.
+`metrics.jsonl` and TensorBoard in each half's folder. The summary carries a fingerprint of the
+actor's weights (`params_fingerprint`), which the trainer logs, so a comparison made later from
+the logs alone can tell whether two runs really started from the same actor.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import hashlib
 import logging
 import os
 import shutil
@@ -51,7 +54,7 @@ from crl_jax.warm_start import demos as demos_lib
 log = logging.getLogger("crl_jax")
 
 __all__ = ["WarmStartInputs", "run_warm_start", "length_bucket", "rows_per_batch", "cache_identity",
-           "probe_extractor"]
+           "probe_extractor", "params_fingerprint"]
 
 # The extractor probe: this many scripted episodes it was not trained on (unguided, with more
 # random actions than the demos, like the failing episodes RL starts from), each distilled once.
@@ -252,10 +255,27 @@ class _Cache:
         self.checkpointer.wait()
 
 
+def params_fingerprint(params) -> int | None:
+    """A 48-bit fingerprint of `params`: sha256 over each leaf's path, dtype, shape and bytes, cut
+    to 48 bits so that it is exact as a float64 metric. Equal fingerprints mean bitwise-equal
+    weights (up to a 2^-48 chance). None where a leaf is not wholly held by this process (a
+    multi-host model; the warm start is meant for tiny ones)."""
+    digest = hashlib.sha256()
+    for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+        if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
+            return None
+        value = np.ascontiguousarray(jax.device_get(leaf))
+        digest.update(f"{jax.tree_util.keystr(path)}|{value.dtype}|{value.shape}|".encode())
+        digest.update(value.tobytes())
+    return int(digest.hexdigest()[:12], 16)
+
+
 def _result(actor: tuple, extractor: tuple | None):
     """(actor params, extractor params or None, summary) from each half's (params, summary): the
-    actor's summary, the extractor's under "extractor", and the halves' total wall time."""
+    actor's summary with its weights' fingerprint, the extractor's under "extractor", and the
+    halves' total wall time."""
     summary = {k: v for k, v in actor[1].items() if k != "time_s"}
+    summary["actor_fingerprint"] = params_fingerprint(actor[0])
     summary["time_s"] = actor[1].get("time_s", 0.0)
     if extractor is None:
         return actor[0], None, summary

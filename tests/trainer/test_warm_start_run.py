@@ -4,6 +4,7 @@ reported, and a restart of the run reuses its cache (in-process, nano models).""
 import json
 
 from crl_jax import trainer as trainer_lib
+from crl_jax.warm_start import params_fingerprint
 
 WARM = {
     "tasks": ("test/corridor",), "steps": 2,
@@ -25,7 +26,8 @@ def test_warm_start_runs_before_rl_and_is_reported(make_config, tmp_path):
     assert first["step"] == 0
     # The warm start's figures and the evaluation before RL ride on the first row only.
     for key in ("warm_start/actor_loss", "warm_start/demo_success", "start/eval/without_exp/success",
-                "start/eval/with_exp/success", "start/eval/without_exp/episodes"):
+                "start/eval/with_exp/success", "start/eval/without_exp/episodes",
+                "warm_start/actor_fingerprint"):
         assert key in first, key
         assert all(key not in r for r in rows[1:])
     assert first["start/eval/without_exp/episodes"] == 4
@@ -68,5 +70,9 @@ def test_warm_start_runs_before_rl_and_is_reported(make_config, tmp_path):
     again = trainer_lib.Trainer(cfg, str(tmp_path))
     summary = again.warm_start()
     assert summary["actor"]["steps"] == 6
+    # The logged fingerprint is that of the weights RL started from, which the cache gives back.
+    assert first["warm_start/actor_fingerprint"] == summary["actor_fingerprint"] == \
+        params_fingerprint(again.actor_state.params)
+    assert f"{summary['actor_fingerprint']:012x}" in report
     for half, rows in (("actor", 6), ("extractor", 2)):                # nothing retrained
         assert len((tmp_path / "warm_start" / half / "metrics.jsonl").read_text().splitlines()) == rows
