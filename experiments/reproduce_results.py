@@ -193,6 +193,13 @@ def actor_fingerprint(rows: list[dict]) -> int | None:
     return None if value is None else int(value)
 
 
+def _started_apart(row: dict, base: dict, seed: str) -> bool:
+    """Whether the two rows' runs of `seed` started RL from different actors. Only runs that both
+    logged their actor's fingerprint can tell; runs made before it was logged count as paired."""
+    mine, theirs = row["actor_by_seed"].get(seed), base["actor_by_seed"].get(seed)
+    return mine is not None and theirs is not None and mine != theirs
+
+
 def table_rows(runs: list[Run], tasks: tuple[str, ...], seeds: int,
                rows_by_run: dict[str, list[dict]]) -> list[dict]:
     """Table 1's rows for one setting: final success per task and averaged over tasks. The average
@@ -229,10 +236,7 @@ def table_rows(runs: list[Run], tasks: tuple[str, ...], seeds: int,
         if base is None or row is base:
             continue
         common = sorted(set(row["avg_by_seed"]) & set(base["avg_by_seed"]))
-        # A seed is paired only if both runs started RL from the same actor, where both logged
-        # which (runs made before the fingerprint was logged are taken as paired).
-        apart = [s for s in common if None not in (a := (row["actor_by_seed"].get(s),
-                                                        base["actor_by_seed"].get(s))) and a[0] != a[1]]
+        apart = [s for s in common if _started_apart(row, base, s)]
         common = [s for s in common if s not in apart]
         diffs = [row["avg_by_seed"][s] - base["avg_by_seed"][s] for s in common]
         row["vs_baseline"] = stats(diffs, seeds)
