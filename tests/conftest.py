@@ -12,3 +12,12 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import jax  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto` (pytest.ini): one worker per core, at most four. Each worker holds its own JAX
+    runtime with 8 simulated devices and its compiled programs (up to ~4 GiB), and runs whole
+    files (`--dist loadfile`), so fixtures shared by a file's tests are built once. `-n 0` runs
+    everything in one process."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(4, cores or 1))
