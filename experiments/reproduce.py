@@ -23,12 +23,14 @@ reported and the grid goes on; the exit status is then 1. After every run `<out>
 on another config file.
 
 `--export=DIR` keeps what the results are made of: it copies each finished run's metrics log,
-config and report (not its checkpoints) to the same place under DIR and writes the results there
+config and report (not its checkpoints), and once per setting and seed the warm start it started
+from (export_warm_starts), to the same place under DIR and writes the results there
 from the runs of this invocation and every other run record DIR holds (`<setting>/<method>/
 seed<N>/metrics.jsonl`, of a setting named here or a default one), so records from earlier
 machines or sessions count alongside the new ones, whatever `--only`, `--methods` and `--seeds`
 say. DIR is itself a grid output: `--table-only --out=DIR` rebuilds it, and copying its run
-folders into a new `--out` lets a later grid add seeds or methods without rerunning them.
+folders into a new `--out` lets a later grid add seeds or methods without rerunning them, the
+added methods starting from the recorded warm start (share_warm_start) on any machine.
 
 Every method of one setting and seed starts RL from the same warm-started actor (the warm start
 does not depend on how a run uses experience), and the grid makes sure it is the very same one:
@@ -51,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import filecmp
 import glob
 import json
 import os
@@ -157,6 +160,55 @@ def share_warm_start(run: Run, runs: list[Run]) -> list[str]:
     return copied
 
 
+# What a record keeps of a warm-start half: the checkpoint the trainer restores (params, digest,
+# summary) and its training curve; not the TensorBoard copy of that curve.
+WARM_START_RECORD = ("checkpoint", "metrics.jsonl")
+
+
+def _same_files(a: str, b: str) -> bool:
+    """Whether two folders hold the same relative files with the same bytes."""
+    def files(root):
+        return sorted(os.path.relpath(os.path.join(folder, name), root)
+                      for folder, _, names in os.walk(root) for name in names)
+    names = files(a)
+    return names == files(b) and all(filecmp.cmp(os.path.join(a, n), os.path.join(b, n), shallow=False)
+                                     for n in names)
+
+
+def export_warm_starts(runs: list[Run], out_dir: str, dest: str) -> list[str]:
+    """Keep, with the records in `dest`, the warm start each finished run of `runs` started from:
+    its finished halves' WARM_START_RECORD go to `<run's record>/warm_start/<half>`, once per
+    setting and seed (a half byte-equal to one a sibling's record already holds is not copied
+    again). A later grid whose `--out` holds copies of these folders starts the methods it adds
+    from them (share_warm_start), so they pair with the recorded ones even on another machine,
+    where retraining the warm start would give another actor. Returns "<half> of <run>" per half
+    copied."""
+    copied = []
+    for run in runs:
+        if run.state != "done":
+            continue
+        record = os.path.join(dest, os.path.relpath(run.workdir, out_dir))
+        for half in ("actor", "extractor"):
+            if not _warm_start_done(run.workdir, half):
+                continue
+            source = os.path.join(run.workdir, "warm_start", half)
+            kept = glob.glob(os.path.join(glob.escape(os.path.dirname(os.path.dirname(record))), "*",
+                                          os.path.basename(record), "warm_start", half, "checkpoint"))
+            if any(_same_files(os.path.join(source, "checkpoint"), k) for k in kept):
+                continue
+            target = os.path.join(record, "warm_start", half)
+            shutil.rmtree(target, ignore_errors=True)  # a rerun replaces its record's warm start
+            for name in WARM_START_RECORD:
+                path = os.path.join(source, name)
+                if os.path.isdir(path):
+                    shutil.copytree(path, os.path.join(target, name))
+                elif os.path.exists(path):
+                    os.makedirs(target, exist_ok=True)
+                    shutil.copyfile(path, os.path.join(target, name))
+            copied.append(f"{half} of {run.name}")
+    return copied
+
+
 def _hms(seconds: float) -> str:
     s = int(round(seconds))
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
@@ -220,8 +272,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--dry-run", action="store_true", help="list the runs and their state; run nothing")
     p.add_argument("--table-only", action="store_true", help="rebuild results from what exists")
     p.add_argument("--export", metavar="DIR",
-                   help="copy finished runs' records (metrics, config, report) to DIR and write the "
-                        "results there from all the records DIR holds")
+                   help="copy finished runs' records (metrics, config, report, warm start) to DIR "
+                        "and write the results there from all the records DIR holds")
     args = p.parse_args(argv)
     settings = dict(SETTINGS)
     if args.setting:
@@ -280,6 +332,9 @@ def export(runs: list[Run], args: argparse.Namespace) -> list[Run]:
     warning."""
     exported = {(r.setting, r.method, r.seed): r
                 for r in results_lib.export_records(runs, args.out, args.export)}
+    kept = export_warm_starts(runs, args.out, args.export)
+    if kept:
+        print(f"warm starts kept with the records: {', '.join(kept)}", flush=True)
     settings = dict(args.settings)
     for setting, method, seed in recorded_runs(args.export):
         if (setting, method, seed) in exported:

@@ -4,6 +4,7 @@ runs reported as missing (never as zeros), rollout-time ratio, curves written.""
 import importlib.util
 import json
 import os
+import shutil
 import sys
 
 import numpy as np
@@ -271,6 +272,60 @@ def test_methods_of_one_seed_share_the_warm_start_halves_they_agree_on(tmp_path)
     assert rp.share_warm_start(baseline, grid) == []
     assert rp.share_warm_start(by_name[("static", 1)], grid) == []
     assert not os.path.exists(by_name[("static", 1)].workdir + "/warm_start")
+
+
+def test_export_keeps_the_warm_start_so_a_later_grid_pairs_new_methods(tmp_path):
+    """--export keeps each finished run's warm-start halves (checkpoint and curve, not TensorBoard)
+    once per seed; a later grid on copies of the records starts an added method from them, and a
+    rerun's new warm start replaces its record's."""
+    rp = _load_reproduce()
+    out, dest, later = tmp_path / "grid", tmp_path / "records", tmp_path / "later"
+    settings = {"single": rp.SETTINGS["single"]}
+    grid = [run for run, _ in rp.plan(settings, list(rr.METHODS), [0], STEPS, str(out))]
+    by_method = {r.method: r for r in grid}
+    baseline, crl = by_method["baseline"], by_method["crl"]
+
+    def finish_warm_start(run, half, weights):
+        folder = os.path.join(run.workdir, "warm_start", half)
+        os.makedirs(os.path.join(folder, "checkpoint", "1"))
+        os.makedirs(os.path.join(folder, "tb"))
+        for name, text in (("checkpoint/1/params", weights), ("metrics.jsonl", "{}\n"), ("tb/events", "x")):
+            with open(os.path.join(folder, name), "w") as f:
+                f.write(text)
+
+    rng = np.random.default_rng(9)
+    for run in (baseline, crl):
+        write_run(run.workdir, rng, PREFIXES[run.method])
+    finish_warm_start(baseline, "actor", "actor weights")
+    assert rp.share_warm_start(crl, grid) == [f"actor from {baseline.name}"]
+    finish_warm_start(crl, "extractor", "extractor weights")
+    for run in grid:
+        run.state, run.last_step = rr.run_state(run)
+
+    assert rp.export_warm_starts(grid, str(out), str(dest)) == [
+        f"actor of {baseline.name}", f"extractor of {crl.name}"]  # crl's actor is the baseline's
+    kept = dest / "single" / "baseline" / "seed0" / "warm_start" / "actor"
+    assert sorted(os.listdir(kept)) == ["checkpoint", "metrics.jsonl"]
+    assert (kept / "checkpoint" / "1" / "params").read_text() == "actor weights"
+    assert not (dest / "single" / "crl" / "seed0" / "warm_start" / "actor").exists()
+    assert rp.export_warm_starts(grid, str(out), str(dest)) == []  # nothing new
+
+    # Another machine: the records copied into a new --out; the static method added there starts
+    # from the recorded actor and extractor, not from a retrained one.
+    rr.export_records(grid, str(out), str(dest))
+    shutil.copytree(dest, later)
+    again = {r.method: r for r, _ in rp.plan(settings, list(rr.METHODS), [0], STEPS, str(later))}
+    assert again["baseline"].state == "done" and again["static"].state == "missing"
+    assert sorted(rp.share_warm_start(again["static"], list(again.values()))) == [
+        "actor from single/baseline/seed0", "extractor from single/crl/seed0"]
+    static_actor = os.path.join(again["static"].workdir, "warm_start", "actor", "checkpoint", "1", "params")
+    assert open(static_actor).read() == "actor weights"
+
+    # The baseline rerun from a retrained actor: its record's warm start is replaced.
+    shutil.rmtree(os.path.join(baseline.workdir, "warm_start"))
+    finish_warm_start(baseline, "actor", "retrained actor weights")
+    assert rp.export_warm_starts([baseline], str(out), str(dest)) == [f"actor of {baseline.name}"]
+    assert (kept / "checkpoint" / "1" / "params").read_text() == "retrained actor weights"
 
 
 def test_exported_records_rebuild_the_table_and_add_to_earlier_ones(grid, tmp_path):
