@@ -138,26 +138,42 @@ def _halves_agree(half: str, mine: dict, other: dict | None) -> bool:
     return other == mine if half == "extractor" else other["actor"] == mine["actor"]
 
 
-def share_warm_start(run: Run, runs: list[Run]) -> list[str]:
-    """Copy each finished half of a warm start (see crl_jax.warm_start) that `run` lacks from a
-    sibling run whose `warm_start.cache_identity` agrees on it: the actor's from any method of the
-    same setting and seed (the baseline included), the extractor's from one with the same
-    extractor too. Returns "<half> from <run>" per half copied."""
+def warm_start_sources(run: Run, runs: list[Run]) -> dict[str, Run | None]:
+    """Each half of a warm start (see crl_jax.warm_start) that `run` needs and its workdir lacks,
+    with the sibling run it can be copied from (None: no sibling has it; the run will train it):
+    one whose `warm_start.cache_identity` agrees on that half, so the actor's from any method of
+    the same setting and seed (the baseline included), the extractor's from one with the same
+    extractor too."""
     identity = run.warm_start_identity
     if identity is None:
-        return []
-    copied = []
+        return {}
+    sources = {}
     for half in ("actor", "extractor"):
-        target = os.path.join(run.workdir, "warm_start", half)
-        if identity.get(half) is None or os.path.exists(target):
+        if identity.get(half) is None or os.path.exists(os.path.join(run.workdir, "warm_start", half)):
             continue
-        for other in runs:
-            if (other.workdir != run.workdir and _halves_agree(half, identity, other.warm_start_identity)
-                    and _warm_start_done(other.workdir, half)):
-                shutil.copytree(os.path.join(other.workdir, "warm_start", half), target)
-                copied.append(f"{half} from {other.name}")
-                break
+        sources[half] = next((other for other in runs if other.workdir != run.workdir
+                              and _halves_agree(half, identity, other.warm_start_identity)
+                              and _warm_start_done(other.workdir, half)), None)
+    return sources
+
+
+def share_warm_start(run: Run, runs: list[Run]) -> list[str]:
+    """Copy each warm-start half that `run` lacks from its sibling (warm_start_sources). Returns
+    "<half> from <run>" per half copied."""
+    copied = []
+    for half, other in warm_start_sources(run, runs).items():
+        if other is not None:
+            shutil.copytree(os.path.join(other.workdir, "warm_start", half),
+                            os.path.join(run.workdir, "warm_start", half))
+            copied.append(f"{half} from {other.name}")
     return copied
+
+
+def describe_warm_start(run: Run, runs: list[Run]) -> str:
+    """What a run still to start will do about its warm start, for --dry-run: "actor from
+    three/baseline/seed3", "extractor to train", or "" when its workdir has every half it needs."""
+    return ", ".join(f"{half} from {other.name}" if other is not None else f"{half} to train"
+                     for half, other in warm_start_sources(run, runs).items())
 
 
 # What a record keeps of a warm-start half: the checkpoint the trainer restores (params, digest,
@@ -366,20 +382,23 @@ def main(argv: list[str]) -> int:
             print(f"config error: {problem}", file=sys.stderr)
         return 2
     runs = [run for run, _ in grid]
+    # Warm starts are shared with every method's run of the same setting and seed under --out,
+    # not only the ones selected now: a grid completed in pieces still pairs them.
+    siblings = runs if set(args.methods) == set(METHODS) else [
+        run for run, _ in plan(args.settings, list(METHODS), args.seeds, args.steps, args.out)]
     if args.dry_run:
         for i, (run, spec) in enumerate(grid, 1):
             where = f" step {run.last_step + 1}/{run.steps}" if run.last_step >= 0 else ""
             print(f"[{i}/{len(grid)}] {run.name:<28} {run.state:<8}{where:<14} "
                   f"{' '.join(command(run, spec, args.steps)[1:])}")
+            warm_start = describe_warm_start(run, siblings) if run.state != "done" else ""
+            if warm_start:
+                print(f"{'':>8}warm start: {warm_start}")
         todo = sum(r.state != "done" for r in runs)
         print(f"{len(grid) - todo} of {len(grid)} runs done, {todo} to run")
         return 0
     if not args.table_only:
         env, started, failed = child_env(args.out), time.monotonic(), []
-        # Warm starts are shared with every method's run of the same setting and seed under
-        # --out, not only the ones selected now: a grid completed in pieces still pairs them.
-        siblings = runs if set(args.methods) == set(METHODS) else [
-            run for run, _ in plan(args.settings, list(METHODS), args.seeds, args.steps, args.out)]
         for i, (run, spec) in enumerate(grid, 1):
             tag = f"[{i}/{len(grid)}] {run.name}"
             if run.state == "done":

@@ -259,7 +259,11 @@ def test_methods_of_one_seed_share_the_warm_start_halves_they_agree_on(tmp_path)
         return os.path.exists(os.path.join(run.workdir, "warm_start", half, "checkpoint", "1", "marker"))
 
     baseline, crl = by_name[("baseline", 0)], by_name[("crl", 0)]
+    assert rp.describe_warm_start(baseline, grid) == "actor to train"
+    assert rp.describe_warm_start(crl, grid) == "actor to train, extractor to train"
     finish(baseline, "actor")
+    assert rp.describe_warm_start(crl, grid) == f"actor from {baseline.name}, extractor to train"
+    assert rp.describe_warm_start(baseline, grid) == ""  # has what it needs
     assert rp.share_warm_start(crl, grid) == [f"actor from {baseline.name}"]
     assert has(crl, "actor") and not has(crl, "extractor")
     finish(crl, "extractor")
@@ -316,6 +320,8 @@ def test_export_keeps_the_warm_start_so_a_later_grid_pairs_new_methods(tmp_path)
     shutil.copytree(dest, later)
     again = {r.method: r for r, _ in rp.plan(settings, list(rr.METHODS), [0], STEPS, str(later))}
     assert again["baseline"].state == "done" and again["static"].state == "missing"
+    assert rp.describe_warm_start(again["static"], list(again.values())) == (
+        "actor from single/baseline/seed0, extractor from single/crl/seed0")
     assert sorted(rp.share_warm_start(again["static"], list(again.values()))) == [
         "actor from single/baseline/seed0", "extractor from single/crl/seed0"]
     static_actor = os.path.join(again["static"].workdir, "warm_start", "actor", "checkpoint", "1", "params")
