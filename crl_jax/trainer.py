@@ -10,7 +10,8 @@ One step (see the paper's co-evolution schedule):
   5. after warm-up: one joint train step (actor; extractor too when B_phi holds a batch);
      the distillation of this step's guided episodes runs on a background thread meanwhile,
      except when the extractor itself is being updated (its weights are donated to the step);
-  6. log, evaluate every `eval.every` steps, checkpoint every `checkpoint.every` steps.
+  6. log, evaluate every `eval.every` steps, checkpoint every `checkpoint.every` steps, and after
+     a SIGTERM / SIGINT (graceful_stop): checkpoint this step and stop.
 All randomness is derived from (seed, step), so a resumed run repeats an uninterrupted one.
 """
 
@@ -26,7 +27,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from crl_jax import distributed, envs, models, roles, sharding, workdir_lock
+from crl_jax import distributed, envs, graceful_stop, models, roles, sharding, workdir_lock
 from crl_jax import metrics as metrics_lib
 from crl_jax.checkpoint import Checkpointer, config_digest
 from crl_jax.config import ConfigError, RunConfig
@@ -497,38 +498,60 @@ class Trainer:
         before_rl: dict = {}
         if start == 0:
             before_rl = self.before_rl()
-        for step in range(start, cfg.steps):
-            tasks = self.stream.take(cfg.rollout.groups_per_step)
-            metrics = {**before_rl, **self.train_step(step, tasks)}
-            before_rl = {}
-            if (cfg.eval.every and (step + 1) % cfg.eval.every == 0) or step + 1 == cfg.steps:
-                # The evaluation with experience reads the bank: this step's distillation finishes
-                # first, so what it sees does not depend on timing, and its counts (on the last
-                # step the run's final pass) are logged in this step's row.
-                for k, v in self._join_background().items():
-                    metrics[f"distill/{k}"] = metrics.get(f"distill/{k}", 0) + v
-                metrics.update(self.evaluate(step))
-            writer.write(step, metrics)
-            sample = {"step": step, "episodes": self.last_samples}
-            if self.experience is not None:  # taken on every host, so none accumulates them
-                sample["extractor"] = self.experience.take_output_samples()
-            if jax.process_index() == 0:
-                with open(samples_path, "a") as f:
-                    f.write(json.dumps(sample) + "\n")
-            progress.update(step + 1, metrics)
-            last = metrics
-            if (step + 1) % cfg.checkpoint.every == 0 or step + 1 == cfg.steps:
-                self.save(step + 1)
+        stopped_at = None
+        # A SIGTERM / SIGINT ends the run after the step it arrives in, checkpointed.
+        with graceful_stop.StopRequests() as stop:
+            for step in range(start, cfg.steps):
+                last = self._run_step(step, before_rl, writer, samples_path, progress)
+                before_rl = {}
+                stopping = self._stop_signal(stop)
+                if (step + 1) % cfg.checkpoint.every == 0 or step + 1 == cfg.steps or stopping:
+                    self.save(step + 1)
+                if stopping and step + 1 < cfg.steps:
+                    stopped_at = (stopping, step + 1)
+                    break
         progress.close()
         self._join_background()
         self.checkpointer.wait()
         writer.close()
+        if stopped_at is not None:  # no report: the run is not finished
+            if jax.process_index() == 0:
+                workdir_lock.release(self.workdir)
+            raise graceful_stop.Stopped(*stopped_at)
         if jax.process_index() == 0:
             from crl_jax import report
 
             report.write_report(self.workdir)
             workdir_lock.release(self.workdir)
         return last
+
+    def _stop_signal(self, stop: graceful_stop.StopRequests) -> int:
+        """The signal that asks the run to stop after this step (0: none). Hosts agree on it, so
+        all of them checkpoint the same step and stop together."""
+        signum = stop.signum or 0
+        return max(self.hosts.allgather(signum)) if self.hosts else signum
+
+    def _run_step(self, step: int, before_rl: dict, writer, samples_path: str, progress) -> dict:
+        """One RL step with its evaluation (if due), logged; returns its metrics."""
+        cfg = self.cfg
+        tasks = self.stream.take(cfg.rollout.groups_per_step)
+        metrics = {**before_rl, **self.train_step(step, tasks)}
+        if (cfg.eval.every and (step + 1) % cfg.eval.every == 0) or step + 1 == cfg.steps:
+            # The evaluation with experience reads the bank: this step's distillation finishes
+            # first, so what it sees does not depend on timing, and its counts (on the last
+            # step the run's final pass) are logged in this step's row.
+            for k, v in self._join_background().items():
+                metrics[f"distill/{k}"] = metrics.get(f"distill/{k}", 0) + v
+            metrics.update(self.evaluate(step))
+        writer.write(step, metrics)
+        sample = {"step": step, "episodes": self.last_samples}
+        if self.experience is not None:  # taken on every host, so none accumulates them
+            sample["extractor"] = self.experience.take_output_samples()
+        if jax.process_index() == 0:
+            with open(samples_path, "a") as f:
+                f.write(json.dumps(sample) + "\n")
+        progress.update(step + 1, metrics)
+        return metrics
 
     def warm_start(self) -> dict:
         """Behaviour cloning + extractor SFT (cached in the workdir); returns its summary."""

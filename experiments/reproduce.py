@@ -14,7 +14,8 @@ training episodes; `--steps=N` overrides the budget of every run.
 
 Each run is `python experiments/run.py --config=<setting>:<variant> --config.seed=S --workdir=<out>/
 <setting>/<method>/seed<S>`, one subprocess at a time. The trainer resumes from the newest
-checkpoint in its workdir, so an interrupted grid continues where it stopped; a finished run (its
+checkpoint in its workdir, so an interrupted grid continues where it stopped (a SIGTERM or Ctrl-C
+lets the running child checkpoint its current step first; a second one stops it at once); a finished run (its
 final step logged and its report written) is skipped, and so, with a warning, is a workdir left by
 a different config (e.g. after the configs changed: move it away to rerun it). A failed run is
 reported and the grid goes on; the exit status is then 1. After every run `<out>/results.md`,
@@ -240,16 +241,28 @@ def launch(run: Run, spec: str, steps: int | None, env: dict) -> int:
         log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n")
         process = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                    stderr=subprocess.STDOUT, text=True, bufsize=1)
-        try:
+
+        def follow() -> int:
             for line in process.stdout:
                 log.write(line)
                 tail.append(line.rstrip("\n"))
                 if any(marker in line for marker in ECHO):
                     print(f"    {run.name}: {line.rstrip()}", flush=True)
-            rc = process.wait()
+            return process.wait()
+
+        try:
+            rc = follow()
         except KeyboardInterrupt:
-            process.terminate()  # the trainer resumes from its last checkpoint next time
-            process.wait()
+            # The trainer finishes its current step, checkpoints it and exits (graceful_stop);
+            # its output is still drained meanwhile, so it never blocks on a full pipe.
+            print(f"    {run.name}: stopping after its current step, which is checkpointed "
+                  "(interrupt again to stop it at once)", flush=True)
+            process.terminate()
+            try:
+                follow()
+            except KeyboardInterrupt:
+                process.kill()
+                process.wait()
             raise
     with open(os.path.join(run.workdir, STATUS_FILE), "w", encoding="utf-8") as f:
         json.dump({"command": cmd, "returncode": rc, "time": time.time()}, f)
@@ -439,4 +452,8 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except KeyboardInterrupt:
+        print("grid interrupted; the same command continues it", file=sys.stderr)
+        sys.exit(130)

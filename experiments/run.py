@@ -4,7 +4,9 @@
 with variants after a colon (`single_task.py:baseline`); `--config.section.key=value` overrides
 any setting; `--workdir` chooses where checkpoints, logs and the report go. A run restarted with
 the same workdir resumes from its newest valid checkpoint. A bad config is reported one line per
-problem, before any training, with exit status 2; so is a workdir another run is using.
+problem, before any training, with exit status 2; so is a workdir another run is using. A SIGTERM
+or Ctrl-C (SIGINT) stops the run after its current RL step, checkpointed, with status 143 / 130
+(a second one stops it at once): a preempted run resumes without losing a finished step.
 
 Multi-host: set CRL_JAX_DISTRIBUTED=1 (launch_tpu.sh does) to call jax.distributed.initialize()
 (see crl_jax/distributed.py; CRL_JAX_COORDINATOR, CRL_JAX_NUM_PROCESSES and CRL_JAX_PROCESS_ID
@@ -42,6 +44,7 @@ def main(argv: list[str]) -> None:
     spec, overrides, workdir = parse_args(argv)
     from crl_jax.config import ConfigError
     from crl_jax.config_loading import load_config
+    from crl_jax.graceful_stop import Stopped
     from crl_jax.workdir_lock import WorkdirInUse
 
     try:
@@ -61,6 +64,9 @@ def main(argv: list[str]) -> None:
     except WorkdirInUse as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
+    except Stopped as stop:
+        print(f"{workdir}: {stop}", file=sys.stderr, flush=True)
+        sys.exit(128 + stop.signum)  # the status a shell gives a process the signal ended
 
 
 if __name__ == "__main__":

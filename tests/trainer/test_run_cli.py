@@ -44,8 +44,8 @@ def test_malformed_config_gives_one_line_and_nonzero_exit(args, tmp_path):
     assert not os.listdir(tmp_path)  # failed before any compute or file
 
 
-def run_cli(workdir, cache, steps: int, timeout=900):
-    return subprocess.Popen([sys.executable, RUN, f"--config={TINY}:{steps}", f"--workdir={workdir}"],
+def run_cli(workdir, cache, steps: int, *extra):
+    return subprocess.Popen([sys.executable, RUN, f"--config={TINY}:{steps}", f"--workdir={workdir}", *extra],
                             cwd=ROOT, env=subprocess_env(cache), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
 
@@ -92,6 +92,37 @@ def test_resume_after_sigkill_repeats_the_uninterrupted_run(reference_run, tmp_p
     assert restarted.returncode == 0, out[-3000:]
     assert "restored checkpoint" in out
     assert metric_rows(tmp_path) == expected
+
+
+def test_sigterm_checkpoints_the_current_step_and_the_resumed_run_repeats_the_uninterrupted_one(
+        reference_run, tmp_path, compile_cache):
+    """A SIGTERM (preemption) mid-run: the run finishes the step it is in, checkpoints it although
+    no periodic checkpoint is due, writes no report and exits with 128 + 15; rerun, it resumes
+    from that step and logs what the uninterrupted run logged."""
+    no_periodic = "--config.checkpoint.every=100"
+    process = run_cli(tmp_path, compile_cache, 4, no_periodic)
+    metrics = os.path.join(tmp_path, "metrics.jsonl")
+    deadline = time.time() + 1800
+    while time.time() < deadline and process.poll() is None:
+        if os.path.exists(metrics) and sum(1 for _ in open(metrics)) >= 1:
+            break
+        time.sleep(0.05)
+    assert process.poll() is None, "the run ended before the signal"
+    process.send_signal(signal.SIGTERM)
+    out, _ = process.communicate(timeout=1800)
+    assert process.returncode == 128 + signal.SIGTERM, out[-3000:]
+    done = len(metric_rows(tmp_path))
+    assert 1 <= done < 4
+    assert f"stopped by SIGTERM with steps 0-{done - 1} done and checkpointed" in out
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == [str(done)]
+    assert not (tmp_path / "report.md").exists()  # not finished: reproduce.py resumes it
+
+    resumed = run_cli(tmp_path, compile_cache, 4, no_periodic)
+    out, _ = resumed.communicate(timeout=1800)
+    assert resumed.returncode == 0, out[-3000:]
+    assert f"restored checkpoint of step {done}" in out
+    assert metric_rows(tmp_path) == metric_rows(reference_run)
+    assert (tmp_path / "report.md").exists()
 
 
 def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(reference_run, tmp_path,

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 from tests.trainer.conftest import subprocess_env
 
@@ -68,3 +69,34 @@ def test_grid_runs_then_resumes_by_skipping_finished_runs(tmp_path, compile_cach
     assert "tiny/crl/seed0: its workdir holds a run of another config" in changed.stdout
     assert "memory.merge_every" in changed.stdout and "starting" not in changed.stdout
     assert (out / "tiny" / "crl" / "seed0" / "metrics.jsonl").read_text() == logs["crl"]
+
+
+def test_sigterm_to_the_grid_lets_its_run_checkpoint_the_current_step(tmp_path, compile_cache):
+    """Stopping a grid (SIGTERM to reproduce.py alone, as a scheduler would) ends the training run
+    it started after that run's current step, checkpointed, so the next invocation loses nothing."""
+    out = tmp_path / "repro"
+    args = [sys.executable, REPRODUCE, f"--out={out}", f"--setting=tiny={TINY}", "--methods=baseline",
+            "--seeds=0", "--steps=4"]
+    process = subprocess.Popen(args, cwd=ROOT, env=subprocess_env(compile_cache), stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    workdir = out / "tiny" / "baseline" / "seed0"
+    metrics = workdir / "metrics.jsonl"
+    try:
+        deadline = time.time() + 1800
+        while time.time() < deadline and process.poll() is None:
+            if metrics.exists() and metrics.read_text().count("\n") >= 1:
+                break
+            time.sleep(0.05)
+        assert process.poll() is None, "the grid ended before the signal"
+        process.send_signal(signal.SIGTERM)
+        stdout, _ = process.communicate(timeout=1800)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 130, stdout[-3000:]
+    assert "tiny/baseline/seed0: stopping after its current step" in stdout
+    assert "grid interrupted; the same command continues it" in stdout
+    done = metrics.read_text().count("\n")
+    assert 1 <= done < 4
+    assert max(int(d) for d in os.listdir(workdir / "checkpoints") if d.isdigit()) == done
+    assert not (workdir / "report.md").exists()
