@@ -397,7 +397,7 @@ def main(argv: list[str]) -> int:
     runs = [run for run, _ in grid]
     # Warm starts are shared with every method's run of the same setting and seed under --out,
     # not only the ones selected now: a grid completed in pieces still pairs them.
-    siblings = runs if set(args.methods) == set(METHODS) else [
+    siblings = runs if set(args.methods) == set(METHODS) or args.table_only else [
         run for run, _ in plan(args.settings, list(METHODS), args.seeds, args.steps, args.out)]
     if args.dry_run:
         for i, (run, spec) in enumerate(grid, 1):
