@@ -20,6 +20,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
+import shutil
 import time
 import warnings
 from typing import Any
@@ -35,6 +37,11 @@ DEVICE_ITEM, HOST_ITEM = "device", "host"
 MANIFEST = "crl_manifest.json"
 CORRUPT_DIR = "corrupt_steps"
 _TMP_SUFFIX = ".orbax-checkpoint-tmp"  # Orbax's name for a step that is not finalised yet
+# Orbax's note "Checkpoint commit was successful to <absolute path>", in each step and item. It is
+# bookkeeping that Orbax does not read back on a local filesystem (a step's rename into place is
+# its commit there), and it names the machine's folder: the manifest leaves it out and
+# `portable_copy` drops it.
+COMMIT_NOTE = "commit_success.txt"
 _FORMAT = 1
 
 
@@ -101,7 +108,8 @@ def _payload_files(step_dir: epath.Path) -> list[epath.Path]:
         for p in d.iterdir():
             yield from walk(p) if p.is_dir() else (p,)
 
-    return sorted(p for item in (DEVICE_ITEM, HOST_ITEM) for p in walk(step_dir / item))
+    return sorted(p for item in (DEVICE_ITEM, HOST_ITEM) for p in walk(step_dir / item)
+                  if p.name != COMMIT_NOTE)
 
 
 def _write_manifest(step_dir: epath.Path, with_checksums: bool) -> None:
@@ -114,6 +122,13 @@ def _write_manifest(step_dir: epath.Path, with_checksums: bool) -> None:
     (step_dir / MANIFEST).write_text(json.dumps({"format": _FORMAT, "files": entries}, indent=0))
 
 
+def portable_copy(source: str, target: str) -> None:
+    """Copy a checkpoint folder (or one step of it) to `target` without Orbax's commit notes
+    (COMMIT_NOTE), which name the absolute path it was first written to; the copy restores as the
+    original does. For checkpoints kept with a project's records, on a local filesystem."""
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns(COMMIT_NOTE))
+
+
 def _manifest_problem(step_dir: epath.Path) -> str | None:
     """None when every file the manifest lists is present, of the right size and checksum."""
     try:
@@ -122,6 +137,8 @@ def _manifest_problem(step_dir: epath.Path) -> str | None:
     except Exception as e:  # unreadable, truncated or malformed manifest
         return f"its manifest {MANIFEST} is unreadable ({type(e).__name__}: {e})"
     for rel, want in sorted(entries.items()):
+        if os.path.basename(rel) == COMMIT_NOTE:  # listed by manifests written before it was left out
+            continue
         p = step_dir / rel
         if not p.exists():
             return f"file {rel} is missing"

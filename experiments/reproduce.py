@@ -69,6 +69,7 @@ ROOT = os.path.dirname(_HERE)
 sys.path.insert(0, ROOT)
 sys.path.insert(0, _HERE)
 
+from crl_jax import checkpoint  # noqa: E402
 from crl_jax.config import ConfigError, to_dict  # noqa: E402
 from crl_jax.config_loading import load_config  # noqa: E402
 from crl_jax.warm_start import cache_identity  # noqa: E402
@@ -177,16 +178,13 @@ def describe_warm_start(run: Run, runs: list[Run]) -> str:
                      for half, other in warm_start_sources(run, runs).items())
 
 
-# What a record keeps of a warm-start half: the checkpoint the trainer restores (params, digest,
-# summary) and its training curve; not the TensorBoard copy of that curve.
-WARM_START_RECORD = ("checkpoint", "metrics.jsonl")
-
-
-def _same_files(a: str, b: str) -> bool:
-    """Whether two folders hold the same relative files with the same bytes."""
+def _same_checkpoint(a: str, b: str) -> bool:
+    """Whether two checkpoint folders hold the same relative files with the same bytes, leaving
+    out Orbax's commit notes (a portable copy has none)."""
     def files(root):
         return sorted(os.path.relpath(os.path.join(folder, name), root)
-                      for folder, _, names in os.walk(root) for name in names)
+                      for folder, _, names in os.walk(root) for name in names
+                      if name != checkpoint.COMMIT_NOTE)
     names = files(a)
     return names == files(b) and all(filecmp.cmp(os.path.join(a, n), os.path.join(b, n), shallow=False)
                                      for n in names)
@@ -194,12 +192,12 @@ def _same_files(a: str, b: str) -> bool:
 
 def export_warm_starts(runs: list[Run], out_dir: str, dest: str) -> list[str]:
     """Keep, with the records in `dest`, the warm start each finished run of `runs` started from:
-    its finished halves' WARM_START_RECORD go to `<run's record>/warm_start/<half>`, once per
-    setting and seed (a half byte-equal to one a sibling's record already holds is not copied
-    again). A later grid whose `--out` holds copies of these folders starts the methods it adds
-    from them (share_warm_start), so they pair with the recorded ones even on another machine,
-    where retraining the warm start would give another actor. Returns "<half> of <run>" per half
-    copied."""
+    its finished halves' checkpoint (params, digest, summary; as a portable copy) and training
+    curve (not their TensorBoard copy) go to `<run's record>/warm_start/<half>`, once per setting
+    and seed (a half equal to one a sibling's record already holds is not copied again). A later
+    grid whose `--out` holds copies of these folders starts the methods it adds from them
+    (share_warm_start), so they pair with the recorded ones even on another machine, where
+    retraining the warm start would give another actor. Returns "<half> of <run>" per half copied."""
     copied = []
     for run in runs:
         if run.state != "done":
@@ -211,17 +209,14 @@ def export_warm_starts(runs: list[Run], out_dir: str, dest: str) -> list[str]:
             source = os.path.join(run.workdir, "warm_start", half)
             kept = glob.glob(os.path.join(glob.escape(os.path.dirname(os.path.dirname(record))), "*",
                                           os.path.basename(record), "warm_start", half, "checkpoint"))
-            if any(_same_files(os.path.join(source, "checkpoint"), k) for k in kept):
+            if any(_same_checkpoint(os.path.join(source, "checkpoint"), k) for k in kept):
                 continue
             target = os.path.join(record, "warm_start", half)
             shutil.rmtree(target, ignore_errors=True)  # a rerun replaces its record's warm start
-            for name in WARM_START_RECORD:
-                path = os.path.join(source, name)
-                if os.path.isdir(path):
-                    shutil.copytree(path, os.path.join(target, name))
-                elif os.path.exists(path):
-                    os.makedirs(target, exist_ok=True)
-                    shutil.copyfile(path, os.path.join(target, name))
+            # Without Orbax's commit notes, which name this machine's folder.
+            checkpoint.portable_copy(os.path.join(source, "checkpoint"), os.path.join(target, "checkpoint"))
+            if os.path.exists(os.path.join(source, "metrics.jsonl")):
+                shutil.copyfile(os.path.join(source, "metrics.jsonl"), os.path.join(target, "metrics.jsonl"))
             copied.append(f"{half} of {run.name}")
     return copied
 

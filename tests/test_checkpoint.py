@@ -4,6 +4,7 @@ target shardings, keep-last-N, corrupt/partial latest step -> previous step, asy
 States are real structures (a tiny Decoder's params, AdamW state, a Bank) traced with eval_shape
 and filled with random values from numpy, so the tests compile nothing."""
 
+import json
 import os
 import pathlib
 import signal
@@ -104,6 +105,32 @@ def test_round_trip_exact(states, tmp_path):
     _assert_identical(restored, states)
     assert restored["actor"].graphdef == states["actor"].graphdef
     assert restored["actor"].tx is TX
+
+
+def test_portable_copy_restores_without_naming_the_folder_it_was_written_to(states, tmp_path):
+    """Orbax's commit notes name the absolute path a step was written to; a portable copy (kept
+    with a project's records) drops them and still verifies and restores exactly, also under a
+    manifest written when the notes were listed."""
+    written = tmp_path / "written_here"
+    with ckpt.Checkpointer(written, async_save=False) as c:
+        c.save(3, states, HOST)
+    notes = [p for p in written.rglob(ckpt.COMMIT_NOTE)]
+    assert notes and all(str(written) in p.read_text() for p in notes)
+    copy = tmp_path / "copy"
+    ckpt.portable_copy(written, copy)
+    files = [p for p in copy.rglob("*") if p.is_file()]
+    assert files and not any(str(tmp_path).encode() in p.read_bytes() for p in files)
+
+    manifest = copy / "3" / ckpt.MANIFEST
+    listed = json.loads(manifest.read_text())
+    assert not any(ckpt.COMMIT_NOTE in name for name in listed["files"])
+    listed["files"]["device/" + ckpt.COMMIT_NOTE] = {"size": 125, "sha256": "0" * 64}  # an older manifest
+    manifest.write_text(json.dumps(listed))
+    with ckpt.Checkpointer(copy, async_save=False) as c:
+        step, restored, host = c.restore(_target_of(states))
+        assert c.skipped == {}
+    assert step == 3 and host == HOST
+    _assert_identical(restored, states)
 
 
 def test_sharded_round_trip_onto_target_shardings(abstract, tmp_path):

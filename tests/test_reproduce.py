@@ -293,7 +293,9 @@ def test_export_keeps_the_warm_start_so_a_later_grid_pairs_new_methods(tmp_path)
         folder = os.path.join(run.workdir, "warm_start", half)
         os.makedirs(os.path.join(folder, "checkpoint", "1"))
         os.makedirs(os.path.join(folder, "tb"))
-        for name, text in (("checkpoint/1/params", weights), ("metrics.jsonl", "{}\n"), ("tb/events", "x")):
+        note = f"Checkpoint commit was successful to {folder}"  # Orbax's, naming the folder
+        for name, text in (("checkpoint/1/params", weights), ("checkpoint/1/commit_success.txt", note),
+                           ("metrics.jsonl", "{}\n"), ("tb/events", "x")):
             with open(os.path.join(folder, name), "w") as f:
                 f.write(text)
 
@@ -311,6 +313,7 @@ def test_export_keeps_the_warm_start_so_a_later_grid_pairs_new_methods(tmp_path)
     kept = dest / "single" / "baseline" / "seed0" / "warm_start" / "actor"
     assert sorted(os.listdir(kept)) == ["checkpoint", "metrics.jsonl"]
     assert (kept / "checkpoint" / "1" / "params").read_text() == "actor weights"
+    assert sorted(os.listdir(kept / "checkpoint" / "1")) == ["params"]  # no note naming `out`
     assert not (dest / "single" / "crl" / "seed0" / "warm_start" / "actor").exists()
     assert rp.export_warm_starts(grid, str(out), str(dest)) == []  # nothing new
 
