@@ -11,6 +11,15 @@ from crl_jax import graceful_stop
 
 
 def test_first_signal_is_recorded_and_a_second_sigint_interrupts():
+    # Python's own SIGINT handler, as in a run's main process (a test worker may ignore SIGINT).
+    outer = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        _first_recorded_second_interrupts()
+    finally:
+        signal.signal(signal.SIGINT, outer)
+
+
+def _first_recorded_second_interrupts():
     before = {s: signal.getsignal(s) for s in graceful_stop.SIGNALS}
     with graceful_stop.StopRequests() as stop:
         assert stop.signum is None
