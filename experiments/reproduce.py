@@ -436,7 +436,7 @@ def main(argv: list[str]) -> int:
     print(f"results: {os.path.join(args.out, 'results.md')}")
     if args.export:
         records = export(runs, args)
-        results_lib.write_results(records, len({r.seed for r in records}), args.export)
+        results_lib.write_results(records, None, args.export)  # seeds counted per setting
         held = sum(r.state == "done" for r in records)
         print(f"records of {held} of {len(records)} runs in {args.export}; "
               f"results: {os.path.join(args.export, 'results.md')}")

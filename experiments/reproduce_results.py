@@ -344,12 +344,17 @@ def plot_curves(path: str, setting: str, runs: list[Run], rows_by_run: dict[str,
     return drew
 
 
-def summarise(runs: list[Run], seeds: int, out_dir: str) -> dict:
-    """Everything results.md and results.json show, per setting; writes the curve PNGs."""
+def summarise(runs: list[Run], seeds: int | None, out_dir: str) -> dict:
+    """Everything results.md and results.json show, per setting; writes the curve PNGs.
+
+    `seeds` is how many seeds a cell is expected to have; None takes it per setting from the seeds
+    its runs have (a records folder, where settings were run on different seeds)."""
     results = {"seeds": seeds, "spread": "sample standard deviation over seeds (ddof=1)",
                "settings": {}}
     for setting in dict.fromkeys(r.setting for r in runs):
         group = [r for r in runs if r.setting == setting]
+        seed_list = sorted({r.seed for r in group})
+        expected = len(seed_list) if seeds is None else seeds
         rows_by_run = {r.name: read_rows(r) if r.state == "done" else [] for r in group}
         tasks = group[0].tasks
         budgets = sorted({r.steps * r.episodes_per_step for r in group})
@@ -357,10 +362,12 @@ def summarise(runs: list[Run], seeds: int, out_dir: str) -> dict:
         drew = plot_curves(os.path.join(out_dir, png), setting, group, rows_by_run)
         results["settings"][setting] = {
             "tasks": list(tasks),
+            "seeds": seed_list,
+            "expected_seeds": expected,
             "steps": sorted({r.steps for r in group}),
             "training_episodes_per_run": budgets,
-            "table": table_rows(group, tasks, seeds, rows_by_run),
-            "actor_rollout_s": rollout_times(group, seeds, rows_by_run),
+            "table": table_rows(group, tasks, expected, rows_by_run),
+            "actor_rollout_s": rollout_times(group, expected, rows_by_run),
             "runs": [{"run": r.name, "state": r.state, "last_step": r.last_step, "steps": r.steps,
                       # relative to the output dir, so results.json can be moved and committed
                       "workdir": os.path.relpath(r.workdir, out_dir)} for r in group],
@@ -388,6 +395,7 @@ def _setting_markdown(setting: str, s: dict) -> list[str]:
               f"{', '.join(map(str, budgets))} training episodes per run")
     if len(budgets) > 1:
         budget += " (UNEQUAL across the runs of this setting)"
+    budget += f"; seeds {', '.join(map(str, s['seeds']))}"
     out = [f"## {setting} ({len(tasks)} task{'s' * (len(tasks) > 1)})", "", budget + ".", "",
            "| Method | " + " | ".join(tasks) + " | Avg |", "|---|" + "---:|" * (len(tasks) + 1)]
     for row in s["table"]:
@@ -428,10 +436,12 @@ def _setting_markdown(setting: str, s: dict) -> list[str]:
 
 
 def render_markdown(results: dict) -> str:
+    expected = (f"{results['seeds']}" if results["seeds"] is not None
+                else "the seeds its setting has runs of")
     out = ["# Reproduction of Table 1 (embedded CPU setting)", "",
            f"Final test-split success rate, mean ± spread over seeds; spread = {results['spread']}. "
-           f"A cell with fewer than {results['seeds']} finished seed(s) says how many it has; a "
-           "cell with none reads \"missing\".", ""]
+           f"A cell with fewer finished seeds than {expected} says how many it has; a cell "
+           "with none reads \"missing\".", ""]
     for setting, s in results["settings"].items():
         out += _setting_markdown(setting, s)
     return "\n".join(out).rstrip() + "\n"
@@ -459,7 +469,7 @@ def export_records(runs: list[Run], out_dir: str, dest: str) -> list[Run]:
     return exported
 
 
-def write_results(runs: list[Run], seeds: int, out_dir: str) -> dict:
+def write_results(runs: list[Run], seeds: int | None, out_dir: str) -> dict:
     """Write `<out_dir>/results.md`, `results.json` and `curves_<setting>.png`; returns the results."""
     os.makedirs(out_dir, exist_ok=True)
     results = summarise(runs, seeds, out_dir)

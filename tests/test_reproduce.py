@@ -393,7 +393,16 @@ def test_export_tabulates_every_record_the_folder_holds_not_only_this_invocation
     assert "custom/crl/seed0" in capsys.readouterr().err
     with open(dest / "results.json") as f:
         results = json.load(f)
-    assert results["seeds"] == 2  # seeds 0 and 1 are on record
+    # A cell expects the seeds its own setting has runs of: single has seeds 0 and 1, three only
+    # seed 0, so the 3-task cells are complete (not "(1/2)").
+    assert results["seeds"] is None
+    assert {k: (s["seeds"], s["expected_seeds"]) for k, s in results["settings"].items()} == {
+        "single": ([0, 1], 2), "three": ([0], 1)}
+    three_row = _row(results, "crl", "eval/with_exp", setting="three")
+    assert {c["expected"] for c in [three_row["avg"], *three_row["per_task"].values()]} == {1}
+    with open(dest / "results.md") as f:
+        table = f.read()
+    assert "(1/2)" not in table.split("## three")[1] and "seeds 0, 1" in table.split("## three")[0]
     runs = {setting: {r["run"]: r["state"] for r in s["runs"]}
             for setting, s in results["settings"].items()}
     assert runs == {"single": {"single/baseline/seed1": "done", "single/crl/seed0": "done"},
