@@ -437,11 +437,11 @@ def _setting_markdown(setting: str, s: dict) -> list[str]:
 
 def render_markdown(results: dict) -> str:
     expected = (f"{results['seeds']}" if results["seeds"] is not None
-                else "the seeds its setting has runs of")
+                else "its setting's seeds (listed under each setting)")
     out = ["# Reproduction of Table 1 (embedded CPU setting)", "",
            f"Final test-split success rate, mean ± spread over seeds; spread = {results['spread']}. "
-           f"A cell with fewer finished seeds than {expected} says how many it has; a cell "
-           "with none reads \"missing\".", ""]
+           f"A cell with fewer finished seeds than {expected} says how many it has as "
+           "(finished/expected); a cell with none reads \"missing\".", ""]
     for setting, s in results["settings"].items():
         out += _setting_markdown(setting, s)
     return "\n".join(out).rstrip() + "\n"
