@@ -25,7 +25,7 @@ on another config file.
 
 `--export=DIR` keeps what the results are made of: it copies each finished run's metrics log,
 config and report (not its checkpoints), and once per setting and seed the warm start it started
-from (export_warm_starts), to the same place under DIR and writes the results there
+from (export_warm_starts; an unfinished run's too), to the same place under DIR and writes the results there
 from the runs of this invocation and every other run record DIR holds (`<setting>/<method>/
 seed<N>/metrics.jsonl`, of a setting named here or a default one), so records from earlier
 machines or sessions count alongside the new ones, whatever `--only`, `--methods` and `--seeds`
@@ -191,16 +191,19 @@ def _same_checkpoint(a: str, b: str) -> bool:
 
 
 def export_warm_starts(runs: list[Run], out_dir: str, dest: str) -> list[str]:
-    """Keep, with the records in `dest`, the warm start each finished run of `runs` started from:
-    its finished halves' checkpoint (params, digest, summary; as a portable copy) and training
-    curve (not their TensorBoard copy) go to `<run's record>/warm_start/<half>`, once per setting
-    and seed (a half equal to one a sibling's record already holds is not copied again). A later
-    grid whose `--out` holds copies of these folders starts the methods it adds from them
-    (share_warm_start), so they pair with the recorded ones even on another machine, where
-    retraining the warm start would give another actor. Returns "<half> of <run>" per half copied."""
+    """Keep, with the records in `dest`, the warm start of each run of `runs`: its finished halves'
+    checkpoint (params, digest, summary; as a portable copy) and training curve (not their
+    TensorBoard copy) go to `<run's record>/warm_start/<half>`, once per setting and seed (a half
+    equal to one a sibling's record already holds is not copied again). A later grid whose `--out`
+    holds copies of these folders starts the methods it adds from them (share_warm_start), so they
+    pair with the recorded ones even on another machine, where retraining the warm start would give
+    another actor. Runs not finished count too (their record is then the warm start alone, which
+    the tables ignore): a seed whose first run is cut short on one machine goes on on another from
+    the same actor. A stale run's warm start (another config's) is not kept. Returns "<half> of
+    <run>" per half copied."""
     copied = []
     for run in runs:
-        if run.state != "done":
+        if run.state == "stale":
             continue
         record = os.path.join(dest, os.path.relpath(run.workdir, out_dir))
         for half in ("actor", "extractor"):
@@ -296,8 +299,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--dry-run", action="store_true", help="list the runs and their state; run nothing")
     p.add_argument("--table-only", action="store_true", help="rebuild results from what exists")
     p.add_argument("--export", metavar="DIR",
-                   help="copy finished runs' records (metrics, config, report, warm start) to DIR "
-                        "and write the results there from all the records DIR holds")
+                   help="copy finished runs' records (metrics, config, report) and every run's "
+                        "finished warm start to DIR and write the results there from all the "
+                        "records DIR holds")
     args = p.parse_args(argv)
     settings = dict(SETTINGS)
     if args.setting:

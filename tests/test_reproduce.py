@@ -337,6 +337,46 @@ def test_export_keeps_the_warm_start_so_a_later_grid_pairs_new_methods(tmp_path)
     assert (kept / "checkpoint" / "1" / "params").read_text() == "retrained actor weights"
 
 
+def test_export_keeps_an_unfinished_runs_warm_start_but_not_a_stale_ones(tmp_path):
+    """A run cut short after its warm start (no RL step logged) still leaves its halves with the
+    records, as a record the tables ignore; copied to another machine's --out, the run starts
+    again from them. A workdir of another config keeps its warm start to itself."""
+    rp = _load_reproduce()
+    out, dest, later = tmp_path / "grid", tmp_path / "records", tmp_path / "later"
+    settings = {"single": rp.SETTINGS["single"]}
+    grid = {r.method: r for r, _ in rp.plan(settings, list(rr.METHODS), [0, 1], STEPS, str(out))
+            if r.seed == 0}
+    static = grid["static"]
+    for half in ("actor", "extractor"):
+        step = os.path.join(static.workdir, "warm_start", half, "checkpoint", "1")
+        os.makedirs(step)
+        with open(os.path.join(step, "params"), "w") as f:
+            f.write(f"{half} weights")
+    static.state, static.last_step = rr.run_state(static)
+    assert static.state == "missing"  # interrupted before its first RL step
+
+    stale = rp.plan(settings, ["baseline"], [1], STEPS, str(out))[0][0]
+    os.makedirs(os.path.join(stale.workdir, "warm_start", "actor", "checkpoint", "1"))
+    with open(os.path.join(stale.workdir, "config.json"), "w") as f:
+        json.dump({**stale.config, "seed": 99}, f)
+    stale.state, stale.last_step = rr.run_state(stale)
+    assert stale.state == "stale"
+
+    assert rp.export_warm_starts([*grid.values(), stale], str(out), str(dest)) == [
+        f"actor of {static.name}", f"extractor of {static.name}"]
+    assert not (dest / "single" / "baseline" / "seed1").exists()
+    assert rp.recorded_runs(str(dest)) == []  # a warm start alone is not a run to tabulate
+
+    shutil.copytree(dest, later)
+    again = {r.method: r for r, _ in rp.plan(settings, list(rr.METHODS), [0], STEPS, str(later))}
+    assert again["static"].state == "missing"
+    assert rp.describe_warm_start(again["static"], list(again.values())) == ""  # it has both
+    assert rp.describe_warm_start(again["crl"], list(again.values())) == (
+        "actor from single/static/seed0, extractor from single/static/seed0")
+    params = os.path.join(again["static"].workdir, "warm_start", "extractor", "checkpoint", "1", "params")
+    assert open(params).read() == "extractor weights"
+
+
 def test_exported_records_rebuild_the_table_and_add_to_earlier_ones(grid, tmp_path):
     """--export keeps a finished run's metrics, config and report only; the export folder's table
     equals the grid's, and a record already there (an earlier machine's run) counts with them."""
