@@ -25,13 +25,14 @@ on another config file.
 
 `--export=DIR` keeps what the results are made of: it copies each finished run's metrics log,
 config and report (not its checkpoints), and once per setting and seed the warm start it started
-from (export_warm_starts; an unfinished run's too), to the same place under DIR and writes the results there
-from the runs of this invocation and every other run record DIR holds (`<setting>/<method>/
-seed<N>/metrics.jsonl`, of a setting named here or a default one), so records from earlier
-machines or sessions count alongside the new ones, whatever `--only`, `--methods` and `--seeds`
-say. DIR is itself a grid output: `--table-only --out=DIR` rebuilds it, and copying its run
-folders into a new `--out` lets a later grid add seeds or methods without rerunning them, the
-added methods starting from the recorded warm start (share_warm_start) on any machine.
+from (export_warm_starts; an unfinished run's too), to the same place under DIR and writes the
+results there from the runs of this invocation and every other run record DIR holds
+(`<setting>/<method>/seed<N>/metrics.jsonl`, of a setting named here or a default one), so
+records from earlier machines or sessions count alongside the new ones, whatever `--only`,
+`--methods` and `--seeds` say. DIR is itself a grid output: `--table-only --out=DIR` rebuilds
+it, and copying its run folders into a new `--out` lets a later grid add seeds or methods
+without rerunning them, the added methods starting from the recorded warm start
+(share_warm_start) on any machine.
 
 Every method of one setting and seed starts RL from the same warm-started actor (the warm start
 does not depend on how a run uses experience), and the grid makes sure it is the very same one:
@@ -198,8 +199,8 @@ def export_warm_starts(runs: list[Run], out_dir: str, dest: str) -> list[str]:
     holds copies of these folders starts the methods it adds from them (share_warm_start), so they
     pair with the recorded ones even on another machine, where retraining the warm start would give
     another actor. Runs not finished count too (their record is then the warm start alone, which
-    the tables ignore): a seed whose first run is cut short on one machine goes on on another from
-    the same actor. A stale run's warm start (another config's) is not kept. Returns "<half> of
+    the tables ignore): a seed whose first run is cut short on one machine continues on another
+    from the same actor. A stale run's warm start (another config's) is not kept. Returns "<half> of
     <run>" per half copied."""
     copied = []
     for run in runs:
