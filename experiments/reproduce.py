@@ -356,9 +356,9 @@ def recorded_runs(dest: str) -> list[tuple[str, str, int]]:
 def export(runs: list[Run], args: argparse.Namespace) -> list[Run]:
     """Copy the records of `runs` to `args.export`; return the runs its results cover: these, and
     every other record the folder holds (an earlier machine's seeds, another setting or method),
-    planned under `args.export` like a grid's runs. A record of a setting that is neither named
-    here nor a default one cannot be planned (its config is unknown): it is left out, with a
-    warning."""
+    planned under `args.export` like a grid's runs, in the grid's order of settings. A record of a
+    setting that is neither named here nor a default one cannot be planned (its config is
+    unknown): it is left out, with a warning."""
     exported = {(r.setting, r.method, r.seed): r
                 for r in results_lib.export_records(runs, args.out, args.export)}
     kept = export_warm_starts(runs, args.out, args.export)
@@ -375,7 +375,10 @@ def export(runs: list[Run], args: argparse.Namespace) -> list[Run]:
         spec = settings.setdefault(setting, SETTINGS.get(setting))
         (run, _), = plan({setting: spec}, [method], [seed], args.steps, args.export)
         exported[(setting, method, seed)] = run
-    order = {name: i for i, name in enumerate(settings)}
+    # The tables keep the grid's order (single, three, six, then settings named by --setting),
+    # whichever settings this invocation named and in whatever order.
+    named = [s for s in SETTINGS if s in settings] + [s for s in settings if s not in SETTINGS]
+    order = {name: i for i, name in enumerate(named)}
     methods = list(METHODS)
     return sorted(exported.values(),
                   key=lambda r: (order[r.setting], r.seed, methods.index(r.method)))

@@ -449,6 +449,24 @@ def test_export_tabulates_every_record_the_folder_holds_not_only_this_invocation
     assert {r["method"] for r in results["settings"]["single"]["table"]} == {"baseline", "crl"}
 
 
+def test_export_of_one_setting_keeps_the_grids_order_of_settings(tmp_path):
+    """Exporting only the 6-task runs must not move their section ahead of the records' single and
+    3-task sections (the glob of the records folder is alphabetical: six before three)."""
+    rp = _load_reproduce()
+    out, dest = tmp_path / "grid", tmp_path / "records"
+    rng = np.random.default_rng(4)
+    write_run(str(out / "six" / "crl" / "seed0"), rng, PREFIXES["crl"])
+    write_run(str(dest / "three" / "crl" / "seed0"), rng, PREFIXES["crl"])
+    write_run(str(dest / "single" / "crl" / "seed0"), rng, PREFIXES["crl"])
+    assert rp.main([f"--out={out}", f"--export={dest}", "--table-only", "--only=six",
+                    "--methods=crl", "--seeds=0", f"--steps={STEPS}"]) == 0
+    with open(dest / "results.json") as f:
+        assert list(json.load(f)["settings"]) == ["single", "three", "six"]
+    with open(dest / "results.md") as f:
+        sections = [line for line in f if line.startswith("## ")]
+    assert [s.split()[1] for s in sections] == ["single", "three", "six"]
+
+
 def test_runs_that_started_from_another_actor_are_not_paired(tmp_path):
     """Pairing with the baseline assumes one warm-started actor per seed: a seed whose runs logged
     different actor fingerprints is left out of the paired difference, and said so."""
