@@ -377,8 +377,8 @@ def export(runs: list[Run], args: argparse.Namespace) -> list[Run]:
         exported[(setting, method, seed)] = run
     # The tables keep the grid's order (single, three, six, then settings named by --setting),
     # whichever settings this invocation named and in whatever order.
-    named = [s for s in SETTINGS if s in settings] + [s for s in settings if s not in SETTINGS]
-    order = {name: i for i, name in enumerate(named)}
+    in_grid_order = [s for s in SETTINGS if s in settings] + [s for s in settings if s not in SETTINGS]
+    order = {name: i for i, name in enumerate(in_grid_order)}
     methods = list(METHODS)
     return sorted(exported.values(),
                   key=lambda r: (order[r.setting], r.seed, methods.index(r.method)))
