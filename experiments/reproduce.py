@@ -356,11 +356,21 @@ def recorded_runs(dest: str) -> list[tuple[str, str, int]]:
 def export(runs: list[Run], args: argparse.Namespace) -> list[Run]:
     """Copy the records of `runs` to `args.export`; return the runs its results cover: these, and
     every other record the folder holds (an earlier machine's seeds, another setting or method),
-    planned under `args.export` like a grid's runs, in the grid's order of settings. A record of a
-    setting that is neither named here nor a default one cannot be planned (its config is
-    unknown): it is left out, with a warning."""
-    exported = {(r.setting, r.method, r.seed): r
-                for r in results_lib.export_records(runs, args.out, args.export)}
+    planned under `args.export` like a grid's runs, in the grid's order of settings. A run named
+    here that neither --out nor the folder holds is left out, so that it does not count as an
+    expected seed. A record of a setting that is neither named here nor a default one cannot be
+    planned (its config is unknown): it is left out, with a warning."""
+    exported, never_run = {}, []
+    for run, r in zip(runs, results_lib.export_records(runs, args.out, args.export)):
+        # A run named here that was never started, under --out or wherever the folder's record
+        # came from, would count as an expected seed of its setting in the folder's tables: cells
+        # would read "(3/5)" for two seeds run nowhere. An unfinished run still counts.
+        if run.state == results_lib.MISSING and r.state == results_lib.MISSING:
+            never_run.append(r.name)
+        else:
+            exported[(r.setting, r.method, r.seed)] = r
+    if never_run:
+        print(f"not in the records, never started: {', '.join(never_run)}", flush=True)
     kept = export_warm_starts(runs, args.out, args.export)
     if kept:
         print(f"warm starts kept with the records: {', '.join(kept)}", flush=True)

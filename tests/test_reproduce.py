@@ -467,6 +467,27 @@ def test_export_of_one_setting_keeps_the_grids_order_of_settings(tmp_path):
     assert [s.split()[1] for s in sections] == ["single", "three", "six"]
 
 
+def test_export_leaves_out_named_runs_that_never_started_but_keeps_unfinished_ones(tmp_path, capsys):
+    """`--seeds=0,1,2` when seed 1 is still running and seed 2 was never started: the records
+    expect seeds 0 and 1 (the unfinished one reads "(1/2)" until it is exported again), not 3."""
+    rp = _load_reproduce()
+    out, dest = tmp_path / "grid", tmp_path / "records"
+    rng = np.random.default_rng(6)
+    write_run(str(out / "six" / "crl" / "seed0"), rng, PREFIXES["crl"])
+    write_run(str(out / "six" / "crl" / "seed1"), rng, PREFIXES["crl"])
+    os.remove(out / "six" / "crl" / "seed1" / "report.md")  # still running
+    assert rp.main([f"--out={out}", f"--export={dest}", "--table-only", "--only=six",
+                    "--methods=crl", "--seeds=0,1,2", f"--steps={STEPS}"]) == 0
+    printed = capsys.readouterr().out
+    assert "never started: six/crl/seed2" in printed and "seed1" not in printed.split("never")[1]
+    with open(dest / "results.json") as f:
+        six = json.load(f)["settings"]["six"]
+    assert (six["seeds"], six["expected_seeds"]) == ([0, 1], 2)
+    assert {r["run"]: r["state"] for r in six["runs"]} == {"six/crl/seed0": "done",
+                                                          "six/crl/seed1": "missing"}
+    assert not os.path.exists(dest / "six" / "crl" / "seed2")
+
+
 def test_runs_that_started_from_another_actor_are_not_paired(tmp_path):
     """Pairing with the baseline assumes one warm-started actor per seed: a seed whose runs logged
     different actor fingerprints is left out of the paired difference, and said so."""
