@@ -362,9 +362,9 @@ def export(runs: list[Run], args: argparse.Namespace) -> list[Run]:
     planned (its config is unknown): it is left out, with a warning."""
     exported, never_run = {}, []
     for run, r in zip(runs, results_lib.export_records(runs, args.out, args.export)):
-        # A run named here that was never started, under --out or wherever the folder's record
-        # came from, would count as an expected seed of its setting in the folder's tables: cells
-        # would read "(3/5)" for two seeds run nowhere. An unfinished run still counts.
+        # A run named here that was never started (nothing under --out, no record in the folder)
+        # would count as an expected seed of its setting in the folder's tables: cells would read
+        # "(3/5)" for two seeds run nowhere. An unfinished run still counts.
         if run.state == results_lib.MISSING and r.state == results_lib.MISSING:
             never_run.append(r.name)
         else:
