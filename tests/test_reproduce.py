@@ -416,6 +416,12 @@ def test_export_folder_must_differ_from_the_output(tmp_path, capsys):
     assert args.export == str(tmp_path / "b")
 
 
+def _export_table_only(rp, out, dest, only: str, methods: str, seeds: str) -> int:
+    """reproduce.py's exit status for `--table-only --export=dest` of the named runs under `out`."""
+    return rp.main([f"--out={out}", f"--export={dest}", "--table-only", f"--only={only}",
+                    f"--methods={methods}", f"--seeds={seeds}", f"--steps={STEPS}"])
+
+
 def test_export_tabulates_every_record_the_folder_holds_not_only_this_invocation(tmp_path, capsys):
     """Exporting one run (`--only=single --methods=crl --seeds=0`) must keep the table's other
     records: an earlier machine's seed of another method, another default setting's run. A record
@@ -427,8 +433,7 @@ def test_export_tabulates_every_record_the_folder_holds_not_only_this_invocation
     write_run(str(dest / "single" / "baseline" / "seed1"), rng, PREFIXES["baseline"])
     write_run(str(dest / "three" / "crl" / "seed0"), rng, PREFIXES["crl"])
     write_run(str(dest / "custom" / "crl" / "seed0"), rng, PREFIXES["crl"])
-    assert rp.main([f"--out={out}", f"--export={dest}", "--table-only", "--only=single",
-                    "--methods=crl", "--seeds=0", f"--steps={STEPS}"]) == 0
+    assert _export_table_only(rp, out, dest, "single", "crl", "0") == 0
     assert "custom/crl/seed0" in capsys.readouterr().err
     with open(dest / "results.json") as f:
         results = json.load(f)
@@ -458,8 +463,7 @@ def test_export_of_one_setting_keeps_the_grids_order_of_settings(tmp_path):
     write_run(str(out / "six" / "crl" / "seed0"), rng, PREFIXES["crl"])
     write_run(str(dest / "three" / "crl" / "seed0"), rng, PREFIXES["crl"])
     write_run(str(dest / "single" / "crl" / "seed0"), rng, PREFIXES["crl"])
-    assert rp.main([f"--out={out}", f"--export={dest}", "--table-only", "--only=six",
-                    "--methods=crl", "--seeds=0", f"--steps={STEPS}"]) == 0
+    assert _export_table_only(rp, out, dest, "six", "crl", "0") == 0
     with open(dest / "results.json") as f:
         assert list(json.load(f)["settings"]) == ["single", "three", "six"]
     with open(dest / "results.md") as f:
@@ -476,8 +480,7 @@ def test_export_leaves_out_named_runs_that_never_started_but_keeps_unfinished_on
     write_run(str(out / "six" / "crl" / "seed0"), rng, PREFIXES["crl"])
     write_run(str(out / "six" / "crl" / "seed1"), rng, PREFIXES["crl"])
     os.remove(out / "six" / "crl" / "seed1" / "report.md")  # still running
-    assert rp.main([f"--out={out}", f"--export={dest}", "--table-only", "--only=six",
-                    "--methods=crl", "--seeds=0,1,2", f"--steps={STEPS}"]) == 0
+    assert _export_table_only(rp, out, dest, "six", "crl", "0,1,2") == 0
     printed = capsys.readouterr().out
     assert "never started: six/crl/seed2" in printed and "seed1" not in printed.split("never")[1]
     with open(dest / "results.json") as f:
