@@ -4,7 +4,8 @@ A preempted VM, a scheduler's time limit or a Ctrl-C sends SIGTERM or SIGINT. Wi
 the run dies mid-step and resumes from its last periodic checkpoint, losing every step since (on
 the embedded mixtures, checkpoints every 10 steps of ~4 minutes each). With `StopRequests` active,
 the first such signal only sets a flag; the training loop reads it after each step, checkpoints
-that step and ends the run with `Stopped`. A second signal of the same kind acts as it did before
+that step and ends the run with `Stopped`. Before RL the trainer reads it after each warm-start
+half and after the start evaluation, which are kept in the workdir. A second signal of the same kind acts as it did before
 (SIGINT raises KeyboardInterrupt, SIGTERM ends the process), for when the current step cannot be
 waited for. Handlers can only be installed from the main thread; elsewhere nothing is installed
 and the flag stays unset.
@@ -19,13 +20,20 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class Stopped(Exception):
-    """The run stopped early on a signal, after checkpointing `next_step` (resume to go on)."""
+    """The run stopped early on a signal, after checkpointing `next_step` (resume to go on); with
+    `next_step` 0, before the first RL step, its finished stages kept in the workdir."""
 
     def __init__(self, signum: int, next_step: int):
         self.signum, self.next_step = signum, next_step
-        super().__init__(f"stopped by {signal.Signals(signum).name} with steps 0-{next_step - 1} done "
-                         f"and checkpointed; run the same command again to resume from step "
-                         f"{next_step}")
+        name = signal.Signals(signum).name
+        if next_step == 0:
+            super().__init__(f"stopped by {name} before the first RL step; what it finished (warm-"
+                             f"start halves, the start evaluation) is kept in the workdir: run the "
+                             f"same command again to go on from there")
+        else:
+            super().__init__(f"stopped by {name} with steps 0-{next_step - 1} done and "
+                             f"checkpointed; run the same command again to resume from step "
+                             f"{next_step}")
 
 
 class StopRequests:

@@ -11,7 +11,8 @@ One step (see the paper's co-evolution schedule):
      the distillation of this step's guided episodes runs on a background thread meanwhile,
      except when the extractor itself is being updated (its weights are donated to the step);
   6. log, evaluate every `eval.every` steps, checkpoint every `checkpoint.every` steps, and after
-     a SIGTERM / SIGINT (graceful_stop): checkpoint this step and stop.
+     a SIGTERM / SIGINT (graceful_stop): checkpoint this step and stop (before the first step:
+     stop after the warm-start half or the start evaluation in progress, each kept).
 All randomness is derived from (seed, step), so a resumed run repeats an uninterrupted one.
 """
 
@@ -495,29 +496,31 @@ class Trainer:
         progress = metrics_lib.Progress(cfg.steps, keys=(metrics_lib.TRAIN_SUCCESS, metrics_lib.BANK_SIZE,
                                                          metrics_lib.TIME_STEP), every=cfg.log_every)
         last: dict = {}
-        before_rl: dict = {}
-        if start == 0:
-            before_rl = self.before_rl()
-        stopped_at = None
-        # A SIGTERM / SIGINT ends the run after the step it arrives in, checkpointed.
+        stopped: graceful_stop.Stopped | None = None
+        # A SIGTERM / SIGINT ends the run at the next point where nothing finished is lost: before
+        # RL after the warm-start half or the start evaluation it arrives in (both kept in the
+        # workdir), during RL after the step it arrives in, checkpointed.
         with graceful_stop.StopRequests() as stop:
-            for step in range(start, cfg.steps):
-                last = self._run_step(step, before_rl, writer, samples_path, progress)
-                before_rl = {}
-                stopping = self._stop_signal(stop)
-                if (step + 1) % cfg.checkpoint.every == 0 or step + 1 == cfg.steps or stopping:
-                    self.save(step + 1)
-                if stopping and step + 1 < cfg.steps:
-                    stopped_at = (stopping, step + 1)
-                    break
+            try:
+                before_rl = self.before_rl(stop) if start == 0 else {}
+                for step in range(start, cfg.steps):
+                    last = self._run_step(step, before_rl, writer, samples_path, progress)
+                    before_rl = {}
+                    stopping = self._stop_signal(stop)
+                    if (step + 1) % cfg.checkpoint.every == 0 or step + 1 == cfg.steps or stopping:
+                        self.save(step + 1)
+                    if stopping and step + 1 < cfg.steps:
+                        raise graceful_stop.Stopped(stopping, step + 1)
+            except graceful_stop.Stopped as stop_request:
+                stopped = stop_request
         progress.close()
         self._join_background()
         self.checkpointer.wait()
         writer.close()
-        if stopped_at is not None:  # no report: the run is not finished
+        if stopped is not None:  # no report: the run is not finished
             if jax.process_index() == 0:
                 workdir_lock.release(self.workdir)
-            raise graceful_stop.Stopped(*stopped_at)
+            raise stopped
         if jax.process_index() == 0:
             from crl_jax import report
 
@@ -553,8 +556,9 @@ class Trainer:
         progress.update(step + 1, metrics)
         return metrics
 
-    def warm_start(self) -> dict:
-        """Behaviour cloning + extractor SFT (cached in the workdir); returns its summary."""
+    def warm_start(self, stop: graceful_stop.StopRequests | None = None) -> dict:
+        """Behaviour cloning + extractor SFT (cached in the workdir); returns its summary. With
+        `stop`, a stop asked for during the actor's half raises graceful_stop.Stopped after it."""
         cfg = self.cfg
         ext = self.extractor_state if self.experience is not None else None
         inputs = WarmStartInputs(
@@ -565,7 +569,8 @@ class Trainer:
             extractor_max_len=cfg.extractor.cache_length, seed=cfg.seed,
             identity=cache_identity(cfg),
             extractor_mesh=self.extractor_mesh,
-            generate=self._extractor_replies if ext is not None else None)
+            generate=self._extractor_replies if ext is not None else None,
+            stop_signal=(lambda: self._stop_signal(stop)) if stop is not None else None)
         actor_params, extractor_params, summary = run_warm_start(cfg.warm_start, inputs, self.workdir)
         self.actor_state = self.actor_state.replace(params=actor_params)
         if extractor_params is not None:
@@ -577,12 +582,14 @@ class Trainer:
         return [text for text, _ in self.experience.extractor.generate(
             params, conversations, seed=self.cfg.seed + 31, kind="probe")]
 
-    def before_rl(self) -> dict:
+    def before_rl(self, stop: graceful_stop.StopRequests | None = None) -> dict:
         """What happens once before the first RL step: the warm start, then (if configured) an
-        evaluation; its metrics are logged with the first step as "start/<key>"."""
+        evaluation; its metrics are logged with the first step as "start/<key>". With `stop`, a
+        stop asked for meanwhile raises graceful_stop.Stopped(signum, 0) after the warm-start
+        half or the evaluation it arrives in, each kept in the workdir for the rerun."""
         out: dict[str, float] = {}
         if self.cfg.warm_start.enabled:
-            summary = self.warm_start()
+            summary = self.warm_start(stop)
             out.update({"warm_start/actor_loss": summary["actor"]["loss_last"] or 0.0,
                         "warm_start/demo_success": summary["demos"]["success"],
                         "warm_start/time_s": summary.get("time_s", 0.0)})
@@ -597,10 +604,45 @@ class Trainer:
                     out["warm_start/extractor_parsed"] = probe["parsed"]
                     if "merge_parsed" in probe:   # absent from caches made before the merge probe
                         out["warm_start/extractor_merge_parsed"] = probe["merge_parsed"]
+        self._raise_if_stopping(stop)
         if self.cfg.eval.at_start:
-            # At step 0's bank state, with its own sampling seeds.
-            out.update({f"{metrics_lib.START}/{k}": v for k, v in self.evaluate(0, salt=200).items()})
+            out.update({f"{metrics_lib.START}/{k}": v for k, v in self.start_evaluation(out).items()})
+            self._raise_if_stopping(stop)
         return out
+
+    def _raise_if_stopping(self, stop: graceful_stop.StopRequests | None) -> None:
+        signum = self._stop_signal(stop) if stop is not None else 0
+        if signum:
+            raise graceful_stop.Stopped(signum, 0)
+
+    def start_evaluation(self, warm_start: dict) -> dict[str, float]:
+        """The evaluation before the first RL step, at step 0's bank state with its own sampling
+        seeds. Kept in `<workdir>/start_eval.json` under a digest of the run's configuration and
+        of the `warm_start` it follows, so a run stopped before its first step does not play it
+        again: evaluating is deterministic and changes nothing in training (see `evaluate`)."""
+        from crl_jax.config import to_dict
+
+        path = os.path.join(self.workdir, START_EVAL_FILE)
+        digest = config_digest({"run": to_dict(self.cfg), "warm_start": warm_start},
+                               ignore=("run.steps", "run.log_every", "run.checkpoint"))
+        kept = None
+        try:
+            with open(path) as f:
+                record = json.load(f)
+            kept = record["metrics"] if record["digest"] == digest else None
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # none yet, or not one this code wrote: play the evaluation
+        found = int(kept is not None)
+        # Every host plays the evaluation or none does (it runs collectives): all must have it.
+        if (min(self.hosts.allgather(found)) if self.hosts else found):
+            log.info("start evaluation: kept from an earlier start of this run (%s)", path)
+            return kept
+        metrics = self.evaluate(0, salt=200)
+        if jax.process_index() == 0:
+            with open(path + ".tmp", "w") as f:
+                json.dump({"digest": digest, "metrics": metrics}, f)
+            os.replace(path + ".tmp", path)  # never a half-written record
+        return metrics
 
     def _seed(self, step: int, salt: int) -> int:
         return (self.cfg.seed * 7919 + step * 31 + salt) % (2 ** 31)
@@ -664,6 +706,9 @@ def task_splits(names, data_dir: str, min_test: int = 0) -> dict[str, list[dict]
     sources = data.load_task_splits(list(names), data_dir, num_test=num_test, with_goals=False)
     return {split: [{"env": t["env_name"], "seed": t["seed"]} for t in sources[split]]
             for split in ("train", "test")}
+
+
+START_EVAL_FILE = "start_eval.json"
 
 
 def run_digest(cfg: RunConfig) -> str:

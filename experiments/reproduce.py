@@ -252,10 +252,12 @@ def launch(run: Run, spec: str, steps: int | None, env: dict) -> int:
         try:
             rc = follow()
         except KeyboardInterrupt:
-            # The trainer finishes its current step, checkpoints it and exits (graceful_stop);
-            # its output is still drained meanwhile, so it never blocks on a full pipe.
-            print(f"    {run.name}: stopping after its current step, which is checkpointed "
-                  "(interrupt again to stop it at once)", flush=True)
+            # The trainer finishes its current step (or warm-start half, or start evaluation),
+            # keeps it and exits (graceful_stop); its output is still drained meanwhile, so it
+            # never blocks on a full pipe.
+            print(f"    {run.name}: stopping after its current step, which is checkpointed (before "
+                  "RL: after its warm-start half or start evaluation; interrupt again to stop it "
+                  "at once)", flush=True)
             process.terminate()
             try:
                 follow()

@@ -51,3 +51,5 @@ def test_nothing_is_installed_outside_the_main_thread():
 def test_stopped_says_how_to_resume():
     text = str(graceful_stop.Stopped(signal.SIGTERM, 7))
     assert "SIGTERM" in text and "steps 0-6 done" in text and "resume from step 7" in text
+    before_rl = str(graceful_stop.Stopped(signal.SIGINT, 0))  # no "steps 0--1"
+    assert "SIGINT before the first RL step" in before_rl and "run the same command again" in before_rl

@@ -43,6 +43,7 @@ from collections.abc import Callable, Sequence
 import jax
 import numpy as np
 
+from crl_jax import graceful_stop
 from crl_jax import metrics as metrics_lib
 from crl_jax.checkpoint import Checkpointer, CheckpointError, config_digest
 from crl_jax.config import RunConfig, WarmStartConfig
@@ -117,6 +118,9 @@ class WarmStartInputs:
     identity: dict                       # what the cached halves depend on (cache_identity)
     extractor_mesh: object = None        # the extractor's own mesh (disjoint roles); None = `mesh`
     generate: Generate | None = None     # generation with the run's extractor sampler (the probe)
+    # The signal that asks the run to stop (0: none), read between the halves: the actor's is
+    # cached by then, so a stop there loses no finished work (see crl_jax.graceful_stop).
+    stop_signal: Callable[[], int] | None = None
 
 
 def length_bucket(n: int, cap: int, granule: int = 256) -> int:
@@ -286,7 +290,8 @@ def _result(actor: tuple, extractor: tuple | None):
 
 def run_warm_start(cfg: WarmStartConfig, inputs: WarmStartInputs, workdir: str):
     """(actor params, extractor params or None, summary dict): each half cached in
-    `workdir/warm_start/{actor,extractor}` and trained only where its cache is missing."""
+    `workdir/warm_start/{actor,extractor}` and trained only where its cache is missing. Raises
+    graceful_stop.Stopped (next step 0) where `inputs.stop_signal` asks to stop between them."""
     folder = os.path.join(workdir, "warm_start")
     actor_cache = _Cache(os.path.join(folder, "actor"),
                          _digest(_actor_settings(cfg), inputs.identity["actor"], inputs))
@@ -319,6 +324,9 @@ def run_warm_start(cfg: WarmStartConfig, inputs: WarmStartInputs, workdir: str):
         actor[1]["demos"] = demo_stats
         actor_cache.save(*actor)
     if extractor_cache is not None and extractor is None:
+        signum = inputs.stop_signal() if inputs.stop_signal is not None else 0
+        if signum:
+            raise graceful_stop.Stopped(signum, 0)
         extractor = _train_extractor(cfg, inputs, demos, extractor_cache.folder, time.perf_counter())
         extractor_cache.save(*extractor)
     log.info("warm start: done in %.0f s (actor loss %s -> %s)", time.perf_counter() - started,
