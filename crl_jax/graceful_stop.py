@@ -1,14 +1,14 @@
 """Stop a training run at a step boundary on SIGTERM or SIGINT, so that no finished step is lost.
 
-A preempted VM, a scheduler's time limit or a Ctrl-C sends SIGTERM or SIGINT. Without a handler
-the run dies mid-step and resumes from its last periodic checkpoint, losing every step since (on
-the embedded mixtures, checkpoints every 10 steps of ~4 minutes each). With `StopRequests` active,
-the first such signal only sets a flag; the training loop reads it after each step, checkpoints
-that step and ends the run with `Stopped`. Before RL the trainer reads it after each warm-start
-half and after the start evaluation, which are kept in the workdir. A second signal of the same kind acts as it did before
-(SIGINT raises KeyboardInterrupt, SIGTERM ends the process), for when the current step cannot be
-waited for. Handlers can only be installed from the main thread; elsewhere nothing is installed
-and the flag stays unset.
+A preempted VM, a scheduler's time limit or a Ctrl-C sends SIGTERM or SIGINT. Without a handler the
+run dies mid-step and resumes from its last periodic checkpoint, losing every step since (on the
+embedded mixtures, checkpoints every 10 steps of ~4 minutes each). With `StopRequests` active, the
+first such signal only sets a flag; the training loop reads it after each step, checkpoints that
+step and ends the run with `Stopped`. Before RL the trainer reads it after each warm-start half and
+after the start evaluation, which are kept in the workdir. A second signal of the same kind acts as
+it did before (SIGINT raises KeyboardInterrupt, SIGTERM ends the process), for when the current step
+cannot be waited for. Handlers can only be installed from the main thread; elsewhere nothing is
+installed and the flag stays unset.
 """
 
 from __future__ import annotations

@@ -17,10 +17,10 @@ Each run is `python experiments/run.py --config=<setting>:<variant> --config.see
 checkpoint in its workdir, so an interrupted grid continues where it stopped (a SIGTERM or Ctrl-C
 lets the running child keep its current step first, or before RL its warm-start half or start
 evaluation; a second one stops it at once); a finished run (its final step logged and its report
-written) is skipped, and so, with a warning, is a workdir left by a different config (e.g. after
-the configs changed: move it away to rerun it). A failed run is reported and the grid goes on; the
-exit status is then 1. After every run `<out>/results.md`,
-`results.json` and the curve PNGs are rebuilt (experiments/reproduce_results.py).
+written) is skipped, and so, with a warning, is a workdir left by a different config (e.g. after the
+configs changed: move it away to rerun it). A failed run is reported and the grid goes on; the exit
+status is then 1. After every run `<out>/results.md`, `results.json` and the curve PNGs are rebuilt
+(experiments/reproduce_results.py).
 `--setting=NAME=CONFIG[:VARIANTS]` (repeatable) replaces the three settings, e.g. to run the grid
 on another config file.
 
