@@ -31,8 +31,8 @@ def sigterm_handler():
     signal.signal(signal.SIGTERM, previous)
 
 
-def _rows(workdir, name="metrics.jsonl"):
-    path = os.path.join(workdir, name)
+def _rows(workdir):
+    path = os.path.join(workdir, "metrics.jsonl")
     if not os.path.exists(path):
         return []
     with open(path) as f:
