@@ -618,13 +618,12 @@ class Trainer:
     def start_evaluation(self, warm_start: dict) -> dict[str, float]:
         """The evaluation before the first RL step, at step 0's bank state with its own sampling
         seeds. Kept in `<workdir>/start_eval.json` under a digest of the run's configuration and
-        of the `warm_start` it follows, so a run stopped before its first step does not play it
-        again: evaluating is deterministic and changes nothing in training (see `evaluate`)."""
-        from crl_jax.config import to_dict
-
+        of the `warm_start` it follows (start_eval_digest), so a run stopped before its first step
+        does not play it again, and a sibling method's copy of it counts too (see
+        experiments/reproduce.py): evaluating is deterministic and changes nothing in training
+        (see `evaluate`)."""
         path = os.path.join(self.workdir, START_EVAL_FILE)
-        digest = config_digest({"run": to_dict(self.cfg), "warm_start": warm_start},
-                               ignore=("run.steps", "run.log_every", "run.checkpoint"))
+        digest = start_eval_digest(self.cfg, warm_start)
         kept = None
         try:
             with open(path) as f:
@@ -709,6 +708,28 @@ def task_splits(names, data_dir: str, min_test: int = 0) -> dict[str, list[dict]
 
 
 START_EVAL_FILE = "start_eval.json"
+
+# Settings that act only from the first RL step on. Methods that differ in these alone (Comp. RL,
+# static online experience, experience only) evaluate the same actor and bank before it, the very
+# same episodes: their start evaluations of one seed are equal to the last digit, so a grid plays
+# it once per seed and copies it (10-13 minutes a run on the 6-task mixture on 2 CPU cores).
+TRAINING_ONLY_SETTINGS = ("steps", "log_every", "checkpoint", "extractor.train", "rl.train_actor")
+
+
+def start_eval_identity(config: dict) -> str:
+    """The part of a start evaluation's key that a run's configuration (a dict, as `to_dict` or
+    config.json has it) gives: everything but TRAINING_ONLY_SETTINGS."""
+    return config_digest(config, ignore=TRAINING_ONLY_SETTINGS)
+
+
+def start_eval_digest(cfg: RunConfig, warm_start: dict) -> str:
+    """What a start evaluation depends on: the configuration (start_eval_identity) and the
+    warm start RL begins from, as its metrics tell it (the actor's fingerprint, the halves'
+    losses), less the time it took."""
+    from crl_jax.config import to_dict
+
+    weights = {k: v for k, v in warm_start.items() if k != "warm_start/time_s"}
+    return config_digest({"config": start_eval_identity(to_dict(cfg)), "warm_start": weights})
 
 
 def run_digest(cfg: RunConfig) -> str:

@@ -45,7 +45,10 @@ would not give the same weights: XLA's multi-threaded CPU reductions differ in t
 run to run, and a 6-task warm start of one seed has started RL at 0.07, 0.08 and 0.11 test
 success that way. The trainer still checks each half's digest (which also covers the built
 tokenizer's fingerprint) and recomputes on a mismatch, so a wrong copy costs time, never
-correctness.
+correctness. The evaluation before the first RL step is shared the same way
+(share_start_evaluation): Comp. RL, static and exp. only differ only in what they train, so from
+one warm start they play the very same test episodes, and a sibling's kept result is copied; the
+trainer uses it only under the same config (training switches aside) and warm start.
 
 The child runs share a JAX compilation cache (`<out>/jax_cache` unless JAX_COMPILATION_CACHE_DIR is
 set) and default to JAX_PLATFORMS=cpu. Each child's output goes to `<workdir>/run.log`; its progress
@@ -74,6 +77,7 @@ sys.path.insert(0, _HERE)
 from crl_jax import checkpoint  # noqa: E402
 from crl_jax.config import ConfigError, to_dict  # noqa: E402
 from crl_jax.config_loading import load_config  # noqa: E402
+from crl_jax.trainer import START_EVAL_FILE, start_eval_identity  # noqa: E402
 from crl_jax.warm_start import cache_identity  # noqa: E402
 
 import reproduce_results as results_lib  # noqa: E402
@@ -171,6 +175,32 @@ def share_warm_start(run: Run, runs: list[Run]) -> list[str]:
                             os.path.join(run.workdir, "warm_start", half))
             copied.append(f"{half} from {other.name}")
     return copied
+
+
+def start_eval_source(run: Run, runs: list[Run]) -> Run | None:
+    """The sibling whose kept start evaluation `run` can use: one whose config differs from the
+    run's in training-only settings alone (crl_jax.trainer.start_eval_identity) and that has
+    played it. None when the run has one, is past it, or no sibling qualifies."""
+    mine = os.path.join(run.workdir, START_EVAL_FILE)
+    if run.last_step >= 0 or os.path.exists(mine):
+        return None
+    identity = start_eval_identity(run.config)
+    return next((other for other in runs if other.workdir != run.workdir
+                 and os.path.exists(os.path.join(other.workdir, START_EVAL_FILE))
+                 and start_eval_identity(other.config) == identity), None)
+
+
+def share_start_evaluation(run: Run, runs: list[Run]) -> str:
+    """Copy a sibling's start evaluation into `run`'s workdir (start_eval_source). The trainer
+    uses it only if it was played after the same warm start (its digest covers the warm start's
+    metrics) and plays its own otherwise, so a wrong copy costs time, never correctness. Returns
+    the sibling's name, or ""."""
+    other = start_eval_source(run, runs)
+    if other is None:
+        return ""
+    os.makedirs(run.workdir, exist_ok=True)
+    shutil.copyfile(os.path.join(other.workdir, START_EVAL_FILE), os.path.join(run.workdir, START_EVAL_FILE))
+    return other.name
 
 
 def describe_warm_start(run: Run, runs: list[Run]) -> str:
@@ -423,6 +453,10 @@ def main(argv: list[str]) -> int:
             warm_start = describe_warm_start(run, siblings) if run.state != "done" else ""
             if warm_start:
                 print(f"{'':>8}warm start: {warm_start}")
+            start_eval = start_eval_source(run, siblings) if run.state != "done" else None
+            if start_eval is not None:
+                print(f"{'':>8}start evaluation: from {start_eval.name}, if played after the "
+                      f"same warm start")
         todo = sum(r.state != "done" for r in runs)
         print(f"{len(grid) - todo} of {len(grid)} runs done, {todo} to run")
         return 0
@@ -445,6 +479,10 @@ def main(argv: list[str]) -> int:
             copied = share_warm_start(run, siblings)
             if copied:
                 print(f"{tag}: warm start copied: {', '.join(copied)}", flush=True)
+            start_eval = share_start_evaluation(run, siblings)
+            if start_eval:
+                print(f"{tag}: start evaluation copied from {start_eval} (used if played after the "
+                      f"same warm start)", flush=True)
             t0 = time.monotonic()
             rc = launch(run, spec, args.steps, env)
             run.state, run.last_step = results_lib.run_state(run)

@@ -1,6 +1,7 @@
 """experiments/reproduce_results.py on synthetic metrics logs: Table 1 cells against numpy, missing
 runs reported as missing (never as zeros), rollout-time ratio, curves written."""
 
+import filecmp
 import importlib.util
 import json
 import os
@@ -276,6 +277,36 @@ def test_methods_of_one_seed_share_the_warm_start_halves_they_agree_on(tmp_path)
     assert rp.share_warm_start(baseline, grid) == []
     assert rp.share_warm_start(by_name[("static", 1)], grid) == []
     assert not os.path.exists(by_name[("static", 1)].workdir + "/warm_start")
+
+
+def test_methods_that_differ_only_in_training_share_the_start_evaluation(tmp_path):
+    """On the real single-task configs: static and exp. only copy Comp. RL's kept start
+    evaluation; the baseline (no bank), another seed, a run with its own and one past its first
+    step do not."""
+    rp = _load_reproduce()
+    grid = [run for run, _ in rp.plan({"single": rp.SETTINGS["single"]}, list(rr.METHODS),
+                                      [0, 1], None, str(tmp_path))]
+    by_name = {(r.method, r.seed): r for r in grid}
+    crl = by_name[("crl", 0)]
+    assert all(rp.start_eval_source(run, grid) is None for run in grid)  # none played yet
+    os.makedirs(crl.workdir)
+    with open(os.path.join(crl.workdir, rp.START_EVAL_FILE), "w") as f:
+        json.dump({"digest": "d", "metrics": {"eval/without_exp/success": 0.5}}, f)
+
+    for method in ("static", "exp_only"):
+        run = by_name[(method, 0)]
+        assert rp.start_eval_source(run, grid) is crl
+        assert rp.share_start_evaluation(run, grid) == crl.name
+        assert filecmp.cmp(os.path.join(run.workdir, rp.START_EVAL_FILE),
+                           os.path.join(crl.workdir, rp.START_EVAL_FILE), shallow=False)
+        assert rp.share_start_evaluation(run, grid) == ""  # it has one now
+    for name in (("baseline", 0), ("static", 1), ("crl", 1)):
+        assert rp.share_start_evaluation(by_name[name], grid) == ""
+        assert not os.path.exists(os.path.join(by_name[name].workdir, rp.START_EVAL_FILE))
+    past_step_0 = by_name[("static", 0)]
+    os.remove(os.path.join(past_step_0.workdir, rp.START_EVAL_FILE))
+    past_step_0.last_step = 0
+    assert rp.share_start_evaluation(past_step_0, grid) == ""
 
 
 def test_export_keeps_the_warm_start_so_a_later_grid_pairs_new_methods(tmp_path):
