@@ -712,7 +712,7 @@ START_EVAL_FILE = "start_eval.json"
 # Settings that act only from the first RL step on. Methods that differ in these alone (Comp. RL,
 # static online experience, experience only) evaluate the same actor and bank before it, the very
 # same episodes: their start evaluations of one seed are equal to the last digit, so a grid plays
-# it once per seed and copies it (10-13 minutes a run on the 6-task mixture on 2 CPU cores).
+# it once per seed and copies it (9-13 minutes a run on the 6-task mixture on 2 CPU cores).
 TRAINING_ONLY_SETTINGS = ("steps", "log_every", "checkpoint", "extractor.train", "rl.train_actor")
 
 
