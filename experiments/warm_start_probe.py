@@ -12,7 +12,7 @@ Runs (or reuses, from `<workdir>/warm_start`) the config's warm start, then
      and kind of action (its verb; `click[<id>]` when the argument is one word with a digit, such
      as a product code). Success needs every action right, so this shows which actions are learnt
      and which are not, even where success is 0.
-Prints a table and, last, one JSON line with every figure. Used for the README's mixture notes.
+Prints a table and, last, one JSON line with every figure. Used for the mixture notes in docs/results.md.
 """
 
 from __future__ import annotations

@@ -444,7 +444,21 @@ def test_export_folder_must_differ_from_the_output(tmp_path, capsys):
         rp.parse_args([f"--out={tmp_path}", f"--export={tmp_path}"])
     assert "--export must name another folder" in capsys.readouterr().err
     args = rp.parse_args([f"--out={tmp_path / 'a'}", f"--export={tmp_path / 'b'}"])
-    assert args.export == str(tmp_path / "b")
+    assert args.export == str(tmp_path / "b") and args.warm_starts is None
+
+
+def test_warm_starts_are_kept_outside_the_source_tree_and_only_with_export(tmp_path, capsys):
+    """Warm starts are binary checkpoints: the records in git must not hold them."""
+    rp = _load_reproduce()
+    inside = os.path.join(rp.ROOT, "experiments", "results", "warm")
+    for argv, message in (([f"--export={tmp_path / 'b'}", f"--warm-starts={inside}"], "outside the source"),
+                          ([f"--warm-starts={tmp_path / 'w'}"], "goes with --export")):
+        with pytest.raises(SystemExit):
+            rp.parse_args([f"--out={tmp_path / 'a'}", *argv])
+        assert message in capsys.readouterr().err
+    args = rp.parse_args([f"--out={tmp_path / 'a'}", f"--export={tmp_path / 'b'}",
+                          f"--warm-starts={tmp_path / 'w'}"])
+    assert args.warm_starts == str(tmp_path / "w")
 
 
 def _export_table_only(rp, out, dest, only: str, methods: str, seeds: str) -> int:

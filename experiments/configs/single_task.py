@@ -10,6 +10,7 @@
     python experiments/run.py --config=single_task.py:no_split      # one advantage group per task
     python experiments/run.py --config=single_task.py:cross_group   # normalise across the batch
     python experiments/run.py --config=single_task.py:paper         # paper-scale models (TPU/GPU)
+    python experiments/run.py --config=single_task.py:smoke         # 2 steps in minutes: a check
     python experiments/run.py --config=single_task.py --config.steps=50 --config.rollout.group_size=4
 
 Variants combine with commas, e.g. `single_task.py:static,no_merge`.
@@ -18,13 +19,13 @@ Variants combine with commas, e.g. `single_task.py:static,no_merge`.
 from ml_collections import config_dict
 
 VARIANTS = ("dark", "baseline", "static", "exp_only", "no_merge", "no_search", "no_split", "cross_group",
-            "paper", "smollm2")
+            "paper", "smollm2", "smoke")
 
 
 def base_config() -> config_dict.ConfigDict:
     c = config_dict.ConfigDict()
     # The paper's pilot room, lit: in the dark one a tiny model has to learn exploration, which it
-    # does not in minutes (README, "The embedded default"). `:dark` restores the paper's task.
+    # does not in minutes (docs/embedded_default.md). `:dark` restores the paper's task.
     c.tasks = ("minihack/room-ultimate-lit-5x5",)
     # Sized to finish on a 2-core CPU; the paper's scale is the `paper` variant.
     c.steps = 20
@@ -130,6 +131,17 @@ def apply_variant(c: config_dict.ConfigDict, variant: str) -> None:
         c.rollout.update(groups_per_step=1, group_size=2, free_per_group=1, max_turns=2, max_new_tokens=16)
         c.extractor.update(batch_size=1, max_new_tokens=32)
         c.eval.update(every=0, tasks_per_env=1)
+    elif variant == "smoke":
+        # The whole pipeline in a few minutes (warm start, start evaluation, 2 RL steps, one merge,
+        # checkpoint, report), to check an install; its numbers mean nothing. CI runs it.
+        c.steps = 2
+        c.memory.update(warmup_steps=1, merge_every=2)
+        c.rollout.update(groups_per_step=2, group_size=4, free_per_group=2)
+        c.extractor.batch_size = 2
+        c.warm_start.update(episodes=32, window_steps=20, actor_steps=2, extractor_steps=10,
+                            merge_examples=4)
+        c.eval.tasks_per_env = 4
+        c.checkpoint.every = 1
     else:
         raise ValueError(f"unknown variant {variant!r}; known: {', '.join(VARIANTS)}")
 
