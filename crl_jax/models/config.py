@@ -12,6 +12,8 @@ from typing import Any
 import jax.numpy as jnp
 
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
+# crl_jax.models.attention.IMPLEMENTATIONS (not imported: that module imports the layers).
+ATTENTION_IMPLEMENTATIONS = ("auto", "materialized", "blockwise", "splash", "cudnn")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
@@ -58,6 +60,9 @@ class DecoderConfig:
     # logits go from 1.3e-4 to 4.5e-5 off a float64 reference (PyTorch float32: 6.0e-5), and its
     # forward takes 1.8x as long. For parity checks on CPU, not for training.
     dot_chunk: int = 0
+    # Which attention implementation (crl_jax.models.attention), and its block size where it has one.
+    attention: str = "auto"
+    attention_block: int = 512
     bos_token_id: int | None = None
     eos_token_id: int | tuple[int, ...] | None = None
     pad_token_id: int | None = None
@@ -81,6 +86,10 @@ class DecoderConfig:
             problems.append(f"remat must be one of {REMAT_POLICIES}, got {self.remat!r}")
         if not isinstance(self.dot_chunk, int) or self.dot_chunk < 0:
             problems.append(f"dot_chunk must be an int >= 0, got {self.dot_chunk!r}")
+        if self.attention not in ATTENTION_IMPLEMENTATIONS:
+            problems.append(f"attention must be one of {ATTENTION_IMPLEMENTATIONS}, got {self.attention!r}")
+        if not isinstance(self.attention_block, int) or self.attention_block < 8:
+            problems.append(f"attention_block must be an int >= 8, got {self.attention_block!r}")
         if self.model_type not in ("llama", "qwen2", "qwen3"):
             problems.append(f"model_type must be llama, qwen2 or qwen3, got {self.model_type!r}")
         if problems:

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
-from crl_jax.models import layers
+from crl_jax.models import attention, layers
 from crl_jax.models.config import DecoderConfig
 
 _REMAT_POLICIES = {
@@ -129,20 +129,17 @@ class Decoder(nnx.Module):
             raise ValueError(f"positions shape {positions.shape} != tokens shape {tokens.shape}")
 
         if cache is None:
-            # Slot s of the sequence is visible to query t when s <= t and s is not padding
-            # (layers.causal_attention builds that mask block by block).
-            attn_mask = mask
-            write_slots = None
+            # Slot s of the sequence is visible to query t when s <= t and s is not padding.
+            key_valid, write_slots = mask, None
         else:
             if cache.valid.shape[0] != batch:
                 raise ValueError(f"cache batch {cache.valid.shape[0]} != tokens batch {batch}")
             write_slots = cache.end[:, None] + jnp.arange(time)[None, :]  # [B,T]
             valid = cache.valid.at[jnp.arange(batch)[:, None], write_slots].set(mask, mode="drop")
-            slot = jnp.arange(cache.max_len)
-            attn_mask = valid[:, None, :] & (slot[None, None, :] <= write_slots[:, :, None])
+            key_valid = valid  # query t sees the valid slots up to its own, write_slots[t]
 
         x = jnp.take(self.embed.value, tokens, axis=0).astype(cfg.compute_dtype)
-        x, new_kv = _run_layers(cfg, self.layers, x, positions, attn_mask, cache, write_slots)
+        x, new_kv = _run_layers(cfg, self.layers, x, positions, key_valid, cache, write_slots)
         x = layers.rms_norm(x, self.final_norm.value, cfg.rms_norm_eps)
         if return_hidden:
             out = x
@@ -166,7 +163,7 @@ def _unroll(cfg) -> int:
     return cfg.num_layers if cfg.num_layers <= 4 else 1
 
 
-def _run_layers(cfg, stacked: DecoderLayers, x, positions, attn_mask, cache, write_slots):
+def _run_layers(cfg, stacked: DecoderLayers, x, positions, key_valid, cache, write_slots):
     """Scan the transformer blocks. Returns the final hidden state and the updated (k, v) caches."""
     weights = {name: getattr(stacked, name).value for name in _layer_param_shapes(cfg)}
     inv_freq = layers.rope_inverse_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
@@ -214,8 +211,8 @@ def _run_layers(cfg, stacked: DecoderLayers, x, positions, attn_mask, cache, wri
         def block(x, w):
             w = cast(w)
             q, k, v = project(x, w)
-            attn = layers.causal_attention(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3),
-                                           attn_mask)
+            attn = attention.attention(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), key_valid,
+                                       implementation=cfg.attention, block=cfg.attention_block)
             return finish(x, w, attn), None
 
         if cfg.remat != "none":
@@ -235,7 +232,8 @@ def _run_layers(cfg, stacked: DecoderLayers, x, positions, attn_mask, cache, wri
         # Advanced indices (i, rows, write_slots) around the kv-head slice: the update is [B,T,K,H].
         k_all = k_all.at[i, rows, :, write_slots].set(k.astype(k_all.dtype), mode="drop")
         v_all = v_all.at[i, rows, :, write_slots].set(v.astype(v_all.dtype), mode="drop")
-        attn = layers.grouped_attention(q, k_all[i].astype(dtype), v_all[i].astype(dtype), attn_mask)
+        attn = attention.attention(q, k_all[i].astype(dtype), v_all[i].astype(dtype), key_valid,
+                                   write_slots, implementation=cfg.attention, block=cfg.attention_block)
         return (finish(x, w, attn), k_all, v_all, i + 1), None
 
     (x, k_all, v_all, _), _ = jax.lax.scan(block_cached, (x, cache.k, cache.v, 0), weights)

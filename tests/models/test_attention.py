@@ -1,25 +1,117 @@
-"""Blocked causal attention equals attention under the full causal-and-padding mask (real queries)."""
+"""Every attention implementation against the materialised reference, forward and gradients.
+
+Cases: left and right padding, grouped-query heads (G = 2 and 3, and one kv head), head dims that
+are not hidden / heads, and lengths that are not multiples of the block. Padding queries have no
+specified output (splash, for one, lets them see only padding) and are left out of the
+comparison and of the loss.
+Splash runs in Pallas interpret mode; cuDNN's wiring is checked through the same call with XLA's
+implementation (a CPU has no cuDNN).
+"""
+
+import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from crl_jax.models import layers
+from crl_jax.models import attention as attention_lib
+from crl_jax.models.layers import grouped_attention
+
+CASES = [  # (batch, time, heads, kv heads, head dim, block, padding)
+    (2, 37, 4, 2, 6, 16, "left"),
+    (2, 64, 6, 3, 10, 16, "right"),
+    (1, 100, 4, 1, 8, 32, "none"),
+    (3, 33, 2, 2, 4, 8, "left"),
+]
 
 
-@pytest.mark.parametrize("time,min_block", [(37, 8), (64, 16), (20, 128)])
-def test_causal_attention_matches_full_mask(time, min_block):
-    b, n, kv, h = 3, 4, 2, 8
-    keys = jax.random.split(jax.random.key(0), 3)
-    q = jax.random.normal(keys[0], (b, time, n, h))
-    k = jax.random.normal(keys[1], (b, kv, time, h))
-    v = jax.random.normal(keys[2], (b, kv, time, h))
-    key_mask = np.ones((b, time), bool)
-    key_mask[1, time - 5:] = False   # right padding
-    key_mask[2, :4] = False          # left padding
-    full = key_mask[:, None, :] & np.tril(np.ones((time, time), bool))[None]
-    expected = layers.grouped_attention(q, k, v, jnp.asarray(full))
-    got = layers.causal_attention(q, k, v, jnp.asarray(key_mask), max_blocks=4, min_block=min_block)
-    # Padding queries see no key at all; their outputs are never read, so only real ones count.
-    np.testing.assert_allclose(np.asarray(got)[key_mask], np.asarray(expected)[key_mask], atol=1e-6)
+def reference(q, k, v, key_valid, q_slots):
+    visible = key_valid[:, None, :] & (jnp.arange(k.shape[2])[None, None, :] <= q_slots[:, :, None])
+    return grouped_attention(q, k, v, visible)
+
+
+def make_case(batch, time, heads, kv_heads, head_dim, padding, seed=0):
+    rng = np.random.default_rng(seed)
+    normal = lambda *shape: jnp.asarray(rng.normal(size=shape), jnp.float32)  # noqa: E731
+    q, k, v = (normal(batch, time, heads, head_dim), normal(batch, kv_heads, time, head_dim),
+               normal(batch, kv_heads, time, head_dim))
+    valid = np.ones((batch, time), bool)
+    if padding == "left":
+        valid[0, :5], valid[-1, :11] = False, False
+    elif padding == "right":
+        valid[0, -7:] = False
+    valid = jnp.asarray(valid)
+    seen = valid[:, :, None, None]  # real queries
+    weights = normal(batch, time, heads, head_dim) * seen
+    return q, k, v, valid, seen, weights
+
+
+def assert_matches_reference(fn, q, k, v, valid, seen, weights, q_slots=None, atol=1e-5):
+    slots = q_slots if q_slots is not None else jnp.broadcast_to(jnp.arange(q.shape[1]), valid.shape)
+    ref = functools.partial(reference, key_valid=valid, q_slots=slots)
+    np.testing.assert_allclose(fn(q, k, v) * seen, ref(q, k, v) * seen, atol=atol, rtol=0)
+    grads = jax.grad(lambda *a: jnp.sum(fn(*a) * weights), argnums=(0, 1, 2))(q, k, v)
+    want = jax.grad(lambda *a: jnp.sum(ref(*a) * weights), argnums=(0, 1, 2))(q, k, v)
+    for name, got, expected in zip("qkv", grads, want):
+        np.testing.assert_allclose(got, expected, atol=atol, rtol=0, err_msg=f"d{name}")
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"T{c[1]}-N{c[2]}K{c[3]}H{c[4]}-{c[6]}")
+@pytest.mark.parametrize("implementation", ["materialized", "blockwise", "cudnn_wiring"])
+def test_whole_sequence_equals_the_reference(implementation, case):
+    batch, time, heads, kv_heads, head_dim, block, padding = case
+    q, k, v, valid, seen, weights = make_case(batch, time, heads, kv_heads, head_dim, padding)
+    if implementation == "cudnn_wiring":
+        fn = lambda q, k, v: attention_lib._cudnn(q, k, v, valid, None)  # noqa: E731
+    else:
+        fn = lambda q, k, v: attention_lib.attention(  # noqa: E731
+            q, k, v, valid, implementation=implementation, block=block)
+    assert_matches_reference(fn, q, k, v, valid, seen, weights)
+
+
+@pytest.mark.parametrize("padding", ["left", "right"])
+def test_splash_in_interpret_mode_equals_the_reference(padding):
+    q, k, v, valid, seen, weights = make_case(2, 200, 4, 2, 16, padding, seed=1)  # T padded to 256
+    fn = lambda q, k, v: attention_lib.attention(  # noqa: E731
+        q, k, v, valid, implementation="splash", block=128)
+    assert_matches_reference(fn, q, k, v, valid, seen, weights)
+
+
+@pytest.mark.parametrize("implementation", ["materialized", "blockwise"])
+def test_queries_against_a_cache_equal_the_reference(implementation):
+    """A prefill chunk against a KV cache: queries at slots past the cache's end, empty slots."""
+    rng = np.random.default_rng(2)
+    b, t, s, n, kh, h = 2, 5, 40, 4, 2, 8
+    q = jnp.asarray(rng.normal(size=(b, t, n, h)), jnp.float32)
+    k, v = (jnp.asarray(rng.normal(size=(b, kh, s, h)), jnp.float32) for _ in range(2))
+    valid = np.zeros((b, s), bool)
+    valid[0, :20], valid[1, 3:25] = True, True
+    valid = jnp.asarray(valid)
+    slots = jnp.asarray([[15, 16, 17, 18, 19], [20, 21, 22, 23, 24]])
+    fn = lambda q, k, v: attention_lib.attention(  # noqa: E731
+        q, k, v, valid, slots, implementation=implementation, block=8)
+    weights = jnp.asarray(rng.normal(size=(b, t, n, h)), jnp.float32)
+    assert_matches_reference(fn, q, k, v, valid, jnp.ones((b, t, 1, 1), bool), weights, q_slots=slots)
+
+
+def test_blockwise_never_builds_time_by_time_scores():
+    """Its largest intermediate is block-sized: no [T, S] array appears in the program."""
+    t, block = 1024, 128
+    q = jax.ShapeDtypeStruct((1, t, 2, 8), jnp.float32)
+    kv = jax.ShapeDtypeStruct((1, 2, t, 8), jnp.float32)
+    valid = jax.ShapeDtypeStruct((1, t), jnp.bool_)
+
+    def loss(q, k, v, valid):
+        return jnp.sum(attention_lib.attention(q, k, v, valid, implementation="blockwise", block=block))
+
+    text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(q, kv, kv, valid).as_text()
+    assert f"{t}x{t}" not in text and f"{block}x{block}" in text
+
+
+def test_auto_and_bad_names():
+    assert attention_lib.resolve("auto", 128, 128, whole_sequence=True) == "materialized"
+    assert attention_lib.resolve("auto", 4096, 4096, whole_sequence=True) == "blockwise"
+    assert attention_lib.resolve("auto", 1, 65536, whole_sequence=False) == "materialized"
+    with pytest.raises(ValueError, match="attention implementation must be one of"):
+        attention_lib.resolve("flash", 8, 8, whole_sequence=True)

@@ -67,10 +67,15 @@ def checkpoint(request, tmp_path_factory):
     return request.param, path, make_checkpoint(request.param, path)
 
 
+# Every attention implementation a CPU runs natively; a block of 8 splits the 13-token batch.
+ATTENTION = {"materialized": {}, "blockwise": dict(attention="blockwise", attention_block=8)}
+
+
+@pytest.mark.parametrize("attention", sorted(ATTENTION))
 @pytest.mark.parametrize("padding", ["left", "right"])
-def test_logits_match_transformers(checkpoint, padding):
+def test_logits_match_transformers(checkpoint, padding, attention):
     arch, path, reference = checkpoint
-    model = models.from_pretrained(path)
+    model = models.from_pretrained(path, **ATTENTION[attention])
     if arch == "llama":
         assert model.config.rope_scaling is not None and model.config.rope_scaling.rope_type == "llama3"
     tokens, mask, positions = padded_batch(padding, np.random.default_rng(1))
@@ -97,11 +102,12 @@ def test_save_pretrained_round_trip(checkpoint, tmp_path):
                                atol=1e-4, rtol=0)
 
 
-def test_kv_cache_chunks_equal_full_forward(checkpoint):
+@pytest.mark.parametrize("attention", sorted(ATTENTION))
+def test_kv_cache_chunks_equal_full_forward(checkpoint, attention):
     """Prefill, then appended chunks of different lengths per row, then single-token steps: the
     logits of every real token equal those of one forward over the concatenated sequence."""
     _, path, _ = checkpoint
-    model = models.from_pretrained(path)
+    model = models.from_pretrained(path, **ATTENTION[attention])
     rng = np.random.default_rng(3)
     chunk_lengths = [(5, 3), (2, 4), (1, 1), (1, 0)]  # per chunk: (row 0, row 1) real lengths
     cache = models.init_cache(model.config, batch_size=2, max_len=24)

@@ -59,9 +59,19 @@ def run_engine(model, prompts, padding, spec=SPEC):
     return jax.device_get(out), jax.device_get(state.cache.end)
 
 
+def with_attention(model, implementation: str, block: int = 8):
+    """A copy of `model` whose attention (prefill included) uses `implementation`."""
+    graphdef, params = nnx.split(model)
+    copy = nnx.merge(graphdef, params)
+    copy.config = copy.config.replace(attention=implementation, attention_block=block)
+    return copy
+
+
+@pytest.mark.parametrize("attention", ["materialized", "blockwise"])
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
-def test_greedy_matches_transformers_left_and_right_padding(make_pair, arch):
+def test_greedy_matches_transformers_left_and_right_padding(make_pair, arch, attention):
     torch_model, model = make_pair(arch)
+    model = with_attention(model, attention)
     prompts = random_prompts(np.random.default_rng(1), LENGTHS)
     expected = hf_greedy(torch_model, prompts)
     assert len({tuple(r) for r in expected}) > 1 and len(set(expected[0])) > 2  # non-degenerate
