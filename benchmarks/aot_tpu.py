@@ -46,7 +46,7 @@ def step_flops(cfg, batch: int, seq: int) -> float:
 
 def spec_for(args, shards: int) -> aot.AotSpec:
     """One sequence per batch shard per micro-batch: the paper's per-device micro-batch of 1."""
-    common = dict(dtype="bfloat16", param_dtype="float32", remat="full")
+    common = dict(dtype="bfloat16", param_dtype="float32", remat="full", attention=args.attention)
     actor = models.get_preset("qwen2.5-7b", **common)
     extractor = models.get_preset("qwen3-4b", **common)
     train = ts.TrainConfig(actor_micro_batches=max(1, args.actor_batch // shards),
@@ -63,6 +63,8 @@ def main():
     p.add_argument("--actor_batch", type=int, default=128)
     p.add_argument("--extractor_batch", type=int, default=64)
     p.add_argument("--logprob_chunk", type=int, default=2048)
+    p.add_argument("--attention", default="splash", choices=("splash", "blockwise", "materialized"),
+                   help="the decoders' attention (crl_jax.models.attention)")
     p.add_argument("--tensor", type=int, default=4, help="tensor-parallel width (heads, MLP)")
     p.add_argument("--v5p", default="2x2x1,2x2x2,2x2x4", help="v5p topologies, ascending")
     p.add_argument("--v5e", default="4x4,4x8,8x8", help="v5e topologies, ascending")

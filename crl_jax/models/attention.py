@@ -16,8 +16,8 @@ Implementations (`IMPLEMENTATIONS`):
   blocks past a query block's last slot are never visited. Any backend, any T, GQA, any H.
 - `splash`: Pallas splash attention on TPU (`crl_jax.models.splash`), heads and batch sharded.
 - `cudnn`: cuDNN flash attention on GPU through `jax.nn.dot_product_attention`.
-- `auto`: splash on TPU and cuDNN on GPU for a whole sequence; otherwise materialized below
-  `BLOCKWISE_FROM` scored slots and blockwise from there.
+- `auto`: splash on TPU (with a mesh in context, as the train step sets) and cuDNN on GPU for a
+  whole sequence; otherwise materialized below `BLOCKWISE_FROM` scored slots, blockwise above.
 
 Legend: B batch, T queries, S keys, N query heads, K kv heads, G = N / K, H head dim.
 """
@@ -72,7 +72,8 @@ def resolve(implementation: str, t: int, s: int, whole_sequence: bool) -> str:
     if implementation != "auto":
         return implementation
     backend = jax.default_backend()
-    if whole_sequence and backend == "tpu":
+    # Splash shards itself over the mesh in context; without one, blockwise leaves it to GSPMD.
+    if whole_sequence and backend == "tpu" and not jax.sharding.get_abstract_mesh().empty:
         return "splash"
     if whole_sequence and backend == "gpu":
         return "cudnn"

@@ -160,7 +160,7 @@ def _unroll(cfg) -> int:
     small, and XLA on CPU then skips the stacked-residual copies of the scan's backward pass
     (a 4-layer 1M-parameter update at [16, 768] goes from ~5.6 s to ~3.5 s). Deep models keep
     the rolled scan so compile time does not grow with depth."""
-    return cfg.num_layers if cfg.num_layers <= 4 else 1
+    return cfg.num_layers if cfg.num_layers <= 4 and cfg.remat == "none" else 1
 
 
 def _run_layers(cfg, stacked: DecoderLayers, x, positions, key_valid, cache, write_slots):

@@ -183,6 +183,22 @@ def make_train_step(cfg: TrainConfig, mesh: Mesh, actor_state, extractor_state, 
     # Without an extractor part the extractor state passes through untouched; it is not donated,
     # so its params stay valid for extractor inference running concurrently (distillation).
     donate = (0, 1) if batch.extractor is not None else (0,)
-    return jax.jit(functools.partial(train_step, cfg=cfg),
-                   in_shardings=(*state_sh, batch_sh), out_shardings=(*state_sh, replicated),
-                   donate_argnums=donate)
+    return InMesh(jax.jit(functools.partial(train_step, cfg=cfg),
+                          in_shardings=(*state_sh, batch_sh), out_shardings=(*state_sh, replicated),
+                          donate_argnums=donate), mesh)
+
+
+class InMesh:
+    """A jitted function traced and lowered with its mesh in context (`jax.set_mesh`), so that
+    code which shards itself by hand, splash attention under shard_map, finds the mesh."""
+
+    def __init__(self, jitted, mesh: Mesh):
+        self.jitted, self.mesh = jitted, mesh
+
+    def __call__(self, *args):
+        with jax.set_mesh(self.mesh):
+            return self.jitted(*args)
+
+    def lower(self, *args):
+        with jax.set_mesh(self.mesh):
+            return self.jitted.lower(*args)
