@@ -23,6 +23,11 @@ MESH_AXES = ("data", "fsdp", "tensor")
 LOGICAL_RULES: dict[str, str | tuple[str, ...] | None] = {
     "batch": ("data", "fsdp"),
     "seq": None,
+    # Context parallelism (DecoderConfig.context_parallel): a long sequence's activations are split
+    # along T over `fsdp`, MaxText's choice (the context axis doubles as an FSDP axis), and its
+    # batch, too small to split there, over `data` only.
+    "context": "fsdp",
+    "context_batch": "data",
     "cache_seq": None,
     "layers": None,
     "vocab": "tensor",

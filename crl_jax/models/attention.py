@@ -40,7 +40,7 @@ BLOCKWISE_FROM = 2048 * 2048
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Array,
               q_slots: jax.Array | None = None, *, implementation: str = "auto",
-              block: int = 512) -> jax.Array:
+              block: int = 512, context_parallel: bool = False) -> jax.Array:
     """Causal grouped-query attention [B,T,N,H]; see the module docstring."""
     b, t, n, h = q.shape
     s = k.shape[2]
@@ -54,7 +54,8 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Array,
         if q_slots is not None:
             raise ValueError("splash attention takes a whole sequence (no cache): use blockwise")
         from crl_jax.models import splash
-        return splash.splash_attention(q, k, v, key_valid, block=block)
+        return splash.splash_attention(q, k, v, key_valid, block=block,
+                                       context_parallel=context_parallel)
     if impl == "cudnn":
         if q_slots is not None:
             raise ValueError("cudnn attention takes a whole sequence (no cache): use blockwise")

@@ -63,6 +63,10 @@ class DecoderConfig:
     # Which attention implementation (crl_jax.models.attention), and its block size where it has one.
     attention: str = "auto"
     attention_block: int = 512
+    # Context parallelism for sequences too long for one chip: without a cache, activations are
+    # split along T over the mesh axis of the `context` rule (crl_jax/sharding.py) and splash
+    # attention gathers keys and values; meant for micro-batches smaller than that axis.
+    context_parallel: bool = False
     bos_token_id: int | None = None
     eos_token_id: int | tuple[int, ...] | None = None
     pad_token_id: int | None = None

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
+from crl_jax import sharding
 from crl_jax.models import attention, layers
 from crl_jax.models.config import DecoderConfig
 
@@ -163,6 +164,16 @@ def _unroll(cfg) -> int:
     return cfg.num_layers if cfg.num_layers <= 4 and cfg.remat == "none" else 1
 
 
+def _split_along_time(x: jax.Array) -> jax.Array:
+    """Context parallelism: the layer's input [B,T,D], which remat keeps, split along T over the
+    mesh in context (a no-op without one)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return x
+    spec = sharding.logical_to_spec(("context_batch", "context", None), mesh, x.shape)
+    return jax.lax.with_sharding_constraint(x, spec)
+
+
 def _run_layers(cfg, stacked: DecoderLayers, x, positions, key_valid, cache, write_slots):
     """Scan the transformer blocks. Returns the final hidden state and the updated (k, v) caches."""
     weights = {name: getattr(stacked, name).value for name in _layer_param_shapes(cfg)}
@@ -209,10 +220,12 @@ def _run_layers(cfg, stacked: DecoderLayers, x, positions, key_valid, cache, wri
 
     if cache is None:
         def block(x, w):
+            x = _split_along_time(x) if cfg.context_parallel else x
             w = cast(w)
             q, k, v = project(x, w)
             attn = attention.attention(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), key_valid,
-                                       implementation=cfg.attention, block=cfg.attention_block)
+                                       implementation=cfg.attention, block=cfg.attention_block,
+                                       context_parallel=cfg.context_parallel)
             return finish(x, w, attn), None
 
         if cfg.remat != "none":

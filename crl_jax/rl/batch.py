@@ -90,9 +90,11 @@ def batch_logical_axes(batch):
     return jax.tree.map(lambda x: ("batch", "seq")[:np.ndim(x)], batch)
 
 
-def batch_shardings(mesh: Mesh, batch):
-    return jax.tree.map(lambda x: sharding.logical_sharding(mesh, ("batch", "seq")[:np.ndim(x)],
-                                                            np.shape(x)), batch)
+def batch_shardings(mesh: Mesh, batch, context_parallel: bool = False):
+    """Rows over the batch axes; with context parallelism, tokens over the context axis."""
+    axes = ("context_batch", "context") if context_parallel else ("batch", "seq")
+    return jax.tree.map(lambda x: sharding.logical_sharding(mesh, axes[:np.ndim(x)], np.shape(x)),
+                        batch)
 
 
 def split_micro_batches(batch: PolicyBatch, n: int) -> PolicyBatch:

@@ -52,6 +52,9 @@ class TrainConfig:
     logprob_chunk: int = 0                     # LM-head time chunk; 0 = whole sequence at once
     log_entropy: bool = False
     update_actor: bool = True                  # False: "experience only", the actor stays frozen
+    # Batches split along T, not rows (DecoderConfig.context_parallel): one long sequence per
+    # micro-batch spread over the context axis.
+    context_parallel: bool = False
 
     def __post_init__(self):
         problems = [f"actor_loss: {p}" for p in self.actor_loss.problems()]
@@ -178,7 +181,7 @@ def make_train_step(cfg: TrainConfig, mesh: Mesh, actor_state, extractor_state, 
             raise ValueError(f"{name}_loss.kl_coef > 0 needs ref_logprobs in the {name} batch")
     state_sh = tuple(None if s is None else state_shardings(mesh, s)
                      for s in (actor_state, extractor_state))
-    batch_sh = batch_shardings(mesh, batch)
+    batch_sh = batch_shardings(mesh, batch, context_parallel=cfg.context_parallel)
     replicated = NamedSharding(mesh, PartitionSpec())
     # Without an extractor part the extractor state passes through untouched; it is not donated,
     # so its params stay valid for extractor inference running concurrently (distillation).
