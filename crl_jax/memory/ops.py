@@ -45,8 +45,8 @@ _OP = re.compile(
     re.DOTALL)
 _GLUE = re.compile(r"[\s\[\],\"']*")
 _ITEM_START, _ITEM_END = "<<<KNOWLEDGE_ITEM>>>", "<<<END_ITEM>>>"
-_ITEM_BODY = re.compile(r"\s*<title>(.*?)</title>\s*<content>(.*?)</content>\s*", re.DOTALL)
 _INDEX = re.compile(r"\s*(\d{1,6})\s*")
+_SPACE = re.compile(r"\s*")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,6 +173,25 @@ def _json_list(body: str) -> list[str] | None:
     return None
 
 
+def _item_fields(block: str) -> tuple[str, str] | None:
+    """(title, content) of `<title>T</title> <content>C</content>` with whitespace around, or
+    None. The title ends at the first `</title>` followed by `<content>`, the content at the
+    last `</content>`, as a regex of lazy groups would read them, but in one pass: such a regex
+    backtracks quadratically on a model's repetition loop (`</title><content>b` repeated)."""
+    body = block.strip()
+    if not body.startswith("<title>") or not body.endswith("</content>"):
+        return None
+    content_end = len(body) - len("</content>")
+    pos = len("<title>")
+    while (close := body.find("</title>", pos)) >= 0:
+        after = close + len("</title>")
+        opening = _SPACE.match(body, after).end()
+        if body.startswith("<content>", opening) and opening + len("<content>") <= content_end:
+            return body[len("<title>"):close], body[opening + len("<content>"):content_end]
+        pos = close + 1
+    return None
+
+
 def parse_merge(text) -> tuple[tuple[tuple[str, str], ...], str]:
     """`((title, content), ...), reason` of one merge output. Reason "return" (keep the chunk),
     "ok", or a rejection; every item must be well formed or none is used."""
@@ -191,10 +210,10 @@ def parse_merge(text) -> tuple[tuple[tuple[str, str], ...], str]:
         return (), "return" if "<<<RETURN>>>" in text else "no_items"
     items = []
     for block in blocks:
-        m = _ITEM_BODY.fullmatch(block)
-        if m is None:
+        fields = _item_fields(block)
+        if fields is None:
             return (), "unparsable"
-        entry = _entry(m.group(1), m.group(2))
+        entry = _entry(*fields)
         if isinstance(entry, str):
             return (), entry
         items.append(entry)
