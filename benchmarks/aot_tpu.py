@@ -82,8 +82,9 @@ def main():
     p.add_argument("--extractor_prompt", type=int, default=32768,
                    help="extractor prompt tokens: a whole actor episode and the instructions")
     p.add_argument("--extractor_new", type=int, default=8192)
-    p.add_argument("--context_parallel", action="store_true",
-                   help="split each sequence along T over the fsdp chips (one per micro-batch)")
+    p.add_argument("--context_parallel", action=argparse.BooleanOptionalAction, default=True,
+                   help="split each sequence along T over the fsdp chips, one sequence per "
+                        "micro-batch (a no-op where fsdp is 1)")
     p.add_argument("--programs", default="train_step,actor_sampler,extractor_sampler")
     p.add_argument("--tensor", type=int, default=4, help="tensor-parallel width (heads, MLP)")
     p.add_argument("--v5p", default="2x2x1,2x2x2,2x2x4", help="v5p topologies, ascending")
@@ -102,7 +103,7 @@ def main():
                                 attention="auto" if args.attention == "splash" else args.attention)
         programs[name] = functools.partial(_sampler, cfg, rows_, prompt, cache, new)
 
-    rows = []
+    rows, summary = [], {}
     for program in args.programs.split(","):
         compile_fn = programs[program]
         for family in ("v5p", "v5e"):
@@ -136,6 +137,7 @@ def main():
                     break
             print(json.dumps({"program": program, "family": family,
                               "smallest_fitting_slice_tried": smallest}), flush=True)
+            summary.setdefault(program, {})[family] = smallest
 
     print(f"\n{'program':<19}{'topology':<12}{'chips':>6}{'peak GiB/chip':>15}{'HBM GiB':>9}"
           f"{'fits':>6}{'XLA flops/chip':>16}")
@@ -147,6 +149,10 @@ def main():
               f"{str(r['fits']):>6}{r.get('flops_per_chip', float('nan')):>16.3e}")
         if r.get("error"):
             print(f"    {r['error']}")
+    print(json.dumps({"benchmark": "aot_tpu", "actor_seq": args.actor_seq,
+                      "extractor_seq": args.extractor_seq, "attention": args.attention,
+                      "context_parallel": args.context_parallel, "tensor": args.tensor,
+                      "smallest_fitting_slice": summary}))
 
 
 def _sampler(cfg, rows, prompt, cache, new, topology, chips, mesh_shape):
