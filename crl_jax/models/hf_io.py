@@ -23,14 +23,20 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from crl_jax import sharding
+from crl_jax.assets import REDOWNLOAD, BadModelFile
 from crl_jax.models.config import DecoderConfig, RopeScaling
 from crl_jax.models.decoder import Decoder, param_logical_axes
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 
 
-class CheckpointError(ValueError):
+class CheckpointError(BadModelFile):
     """A checkpoint folder that cannot be loaded; the message names what is wrong."""
+
+
+# config.json keys without which no decoder config can be built.
+REQUIRED_CONFIG_KEYS = ("model_type", "vocab_size", "hidden_size", "intermediate_size",
+                        "num_hidden_layers", "num_attention_heads")
 
 
 # ---- config ---------------------------------------------------------------------------------------
@@ -168,6 +174,12 @@ def _global_table(cfg: DecoderConfig):
 
 
 # ---- reading a folder -----------------------------------------------------------------------------
+def _read_json(path: str):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (UnicodeDecodeError, ValueError) as err:
+        raise CheckpointError(f"{path}: unreadable JSON ({type(err).__name__}); {REDOWNLOAD}") from None
 class _FolderTensors:
     """All tensors of a checkpoint folder, opened lazily, single file or sharded with an index."""
 
@@ -177,8 +189,10 @@ class _FolderTensors:
         index_path = os.path.join(path, "model.safetensors.index.json")
         single_path = os.path.join(path, "model.safetensors")
         if os.path.exists(index_path):
-            with open(index_path) as f:
-                weight_map = json.load(f)["weight_map"]
+            weight_map = _read_json(index_path)
+            if not isinstance(weight_map, dict) or not isinstance(weight_map.get("weight_map"), dict):
+                raise CheckpointError(f"{index_path}: no 'weight_map'; {REDOWNLOAD}")
+            weight_map = weight_map["weight_map"]
             files = {}
             for file_name in sorted(set(weight_map.values())):
                 file_path = os.path.join(path, file_name)
@@ -203,7 +217,7 @@ class _FolderTensors:
 
     def get(self, name: str) -> np.ndarray:
         if name not in self._where:
-            raise CheckpointError(f"checkpoint is missing tensor {name}")
+            raise CheckpointError(f"checkpoint is missing tensor {name}; {REDOWNLOAD}")
         return self._where[name].get(name)
 
 
@@ -242,9 +256,18 @@ def from_pretrained(path: str, *, mesh: Mesh | None = None, **config_overrides) 
     config_path = os.path.join(path, "config.json")
     if not os.path.exists(config_path):
         raise CheckpointError(f"{path}: config.json is missing")
-    with open(config_path) as f:
-        hf_config = json.load(f)
-    cfg = config_from_hf(hf_config, **config_overrides)
+    hf_config = _read_json(config_path)
+    missing = [key for key in REQUIRED_CONFIG_KEYS if not isinstance(hf_config, dict)
+               or hf_config.get(key) is None]
+    if missing:
+        raise CheckpointError(f"{config_path}: missing key(s) {', '.join(missing)}; "
+                              "restore the checkpoint's own config.json")
+    try:
+        cfg = config_from_hf(hf_config, **config_overrides)
+    except (TypeError, ValueError, KeyError) as err:
+        if isinstance(err, CheckpointError):
+            raise CheckpointError(f"{config_path}: {err}") from None
+        raise CheckpointError(f"{config_path}: {err}; restore the checkpoint's own config.json") from None
     tensors = _FolderTensors(path)
     abstract = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
     graphdef, abstract_state = nnx.split(abstract)
