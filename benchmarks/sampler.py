@@ -141,6 +141,7 @@ def main(argv=None):
             "crl_jax_gflops": round(gflops, 2), "matmul_peak_gflops": round(peak, 2),
             "fraction_of_peak": round(gflops / peak, 3),
             "devices": str(jax.devices()[0].platform), "torch_threads": torch.get_num_threads(),
+            "jax_threads": os.cpu_count(),
         }), flush=True)
 
 

@@ -31,14 +31,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-import pickle
 
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 
-from crl_jax import sharding
+from crl_jax import host_exchange, sharding
 
 ENV_FLAG = "CRL_JAX_DISTRIBUTED"
 
@@ -85,7 +84,7 @@ class InlineExecutor:
 
 
 def _payload(obj) -> np.ndarray:
-    return np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
+    return np.frombuffer(host_exchange.pack(obj), np.uint8)
 
 
 class Hosts:
@@ -116,13 +115,14 @@ class Hosts:
 
     # ---- exchanges -------------------------------------------------------------------------
     def allgather(self, obj) -> list:
-        """Every host's `obj` (any picklable value), in process order, on every host."""
+        """Every host's `obj` (plain values and host_exchange's records), in process order, on
+        every host."""
         data = _payload(obj)
         sizes = multihost_utils.process_allgather(np.int64(data.size))
         padded = np.zeros(int(np.max(sizes)), np.uint8)
         padded[:data.size] = data
         gathered = np.asarray(multihost_utils.process_allgather(padded))
-        return [pickle.loads(gathered[p, :int(sizes[p])].tobytes()) for p in range(self.count)]
+        return [host_exchange.unpack(gathered[p, :int(sizes[p])].tobytes()) for p in range(self.count)]
 
     def broadcast(self, obj):
         """Process 0's `obj` on every host (other hosts' `obj` is ignored)."""
@@ -130,7 +130,7 @@ class Hosts:
         size = int(multihost_utils.broadcast_one_to_all(np.int64(data.size)))
         padded = np.zeros(size, np.uint8)
         padded[:data.size] = data
-        return pickle.loads(np.asarray(multihost_utils.broadcast_one_to_all(padded)).tobytes())
+        return host_exchange.unpack(np.asarray(multihost_utils.broadcast_one_to_all(padded)).tobytes())
 
     # ---- arrays ----------------------------------------------------------------------------
     def local_params(self, params, role: str):
