@@ -6,9 +6,9 @@ either the paper's `(r - mean) / (std + eps)` ("mean_std") or the released code'
 The paper's two failure modes are kept as ablations: `split="group"` normalises over the whole task
 group (no split), `split="batch"` normalises over the whole batch (cross-group).
 
-Extractor (paper Eq.3, Eq.7): the reward of one extractor generation is the mean of the +-1 outcomes
-of the episodes that used its entry; the advantage is that reward minus the batch mean, times the
-training-count weight w = 0 inside the cooldown window, else (1 + c_train) ** -alpha.
+Extractor (paper Eq.3): the advantage of a generation is its reward minus the batch mean, times
+its training-count weight. The reward (the mean +-1 outcome of the episodes that used it) lives in
+crl_jax/rollout/reward_buffer.py and the weight (Eq.7) in crl_jax/memory/bank.py: one home each.
 
 Everything is pure jnp (usable inside jit) and also accepts numpy arrays on the host.
 
@@ -65,44 +65,6 @@ def group_advantages(rewards, group_ids, guided, valid=None, *, normalization: s
         var = (weights * (rewards[None, :] - mean[:, None]) ** 2).sum(axis=1) / count
         centred = centred / (jnp.sqrt(var) + eps)
     return jnp.where(valid, centred, 0.0)
-
-
-def outcome_to_pm1(scores):
-    """Episode score -> extractor reward unit: a failure (score 0) counts as -1, anything else is
-    kept (1 = success; environments that already score +-1 pass through)."""
-    scores = jnp.asarray(scores, jnp.float32)
-    return jnp.where(scores == 0, -1.0, scores)
-
-
-def generation_rewards(episode_outcomes, episode_generation, num_generations: int):
-    """Mean +-1 outcome per extractor generation.
-
-    episode_outcomes [P]: +-1 outcome per episode (see `outcome_to_pm1`);
-    episode_generation [P]: index in [0, num_generations) of the generation whose entry the episode
-    used, or -1 for episodes that used none.
-    Returns (rewards [B], counts [B]); a generation no episode used has reward 0 and count 0.
-    """
-    outcomes = jnp.asarray(episode_outcomes, jnp.float32)
-    gen = jnp.asarray(episode_generation, jnp.int32)
-    if outcomes.shape != gen.shape or outcomes.ndim != 1:
-        raise ValueError(f"episode_outcomes {outcomes.shape} and episode_generation {gen.shape} "
-                         "must both have shape [P]")
-    onehot = (gen[:, None] == jnp.arange(num_generations)[None, :]).astype(jnp.float32)
-    counts = onehot.sum(axis=0)
-    sums = outcomes @ onehot
-    return sums / jnp.maximum(counts, 1.0), counts
-
-
-def training_count_weights(step, last_trained, train_count, *, cooldown: int = 1,
-                           alpha: float = 0.5):
-    """Eq.7 weights [B]: 0 if the generation was trained fewer than `cooldown` steps ago, else
-    (1 + train_count) ** -alpha. A generation never trained (train_count 0) is never in cooldown."""
-    if cooldown < 0 or alpha < 0:
-        raise ValueError(f"cooldown and alpha must be >= 0, got cooldown={cooldown}, alpha={alpha}")
-    train_count = jnp.asarray(train_count, jnp.float32)
-    last_trained = jnp.asarray(last_trained, jnp.float32)
-    in_cooldown = (train_count > 0) & ((jnp.asarray(step, jnp.float32) - last_trained) < cooldown)
-    return jnp.where(in_cooldown, 0.0, (1.0 + train_count) ** (-alpha))
 
 
 def extractor_advantages(rewards, weights=None, valid=None):

@@ -73,20 +73,45 @@ class GroupAdvantagesTest(chex.TestCase, parameterized.TestCase):
 class ExtractorAdvantagesTest(chex.TestCase):
 
     @chex.variants(with_jit=True, without_jit=True)
-    def test_generation_rewards_and_advantages(self):
+    def test_buffer_rewards_eq7_weights_and_centred_advantages(self):
+        """The path training takes: B_phi's mean +-1 reward per generation, Eq.7 weights from the
+        bank's training counters, then the batch-centred advantage, against numpy."""
+        import jax
+
+        from crl_jax.memory import bank as bank_lib
+        from crl_jax.memory.text_store import Generation
+        from crl_jax.rollout.reward_buffer import RewardBuffer
+
         rng = np.random.default_rng(3)
-        scores = rng.integers(0, 2, size=40).astype(np.float32)
-        gen = rng.integers(-1, 6, size=40)
-        step, last, count = 10, np.array([9, 3, 0, 10, 8, 0]), np.array([1, 2, 0, 4, 1, 0])
-        fn = self.variant(lambda s, e, st, lt, c: adv.extractor_advantages(
-            adv.generation_rewards(adv.outcome_to_pm1(s), e, 6)[0],
-            adv.training_count_weights(st, lt, c, cooldown=2, alpha=0.5)))
-        got = np.asarray(fn(scores, gen, step, last, count))
-        pm1 = np.where(scores == 0, -1.0, scores)
-        rew = np.array([pm1[gen == i].mean() if (gen == i).any() else 0.0 for i in range(6)])
-        w = np.where((count > 0) & (step - last < 2), 0.0, (1.0 + count) ** -0.5)
-        np.testing.assert_allclose(got, (rew - rew.mean()) * w, atol=1e-6)
-        assert got[0] == 0.0 and got[3] == 0.0  # trained 1 and 0 steps ago: in cooldown
+        success = rng.integers(0, 2, size=40).astype(bool)
+        used = rng.integers(-1, 6, size=40)  # the generation each episode used, -1: none
+        buffer = RewardBuffer()
+        for ok, g in zip(success, used):
+            if g >= 0:
+                buffer.add_use(Generation((g,), (g, 1)), bool(ok), entry_id=int(g))
+        samples = buffer.pop_batch(len(buffer))
+        gens = [next(iter(s.entry_ids)) for s in samples]
+        rewards = np.array([s.reward for s in samples], np.float32)
+        pm1 = np.where(success, 1.0, -1.0)
+        np.testing.assert_allclose(rewards, [pm1[used == g].mean() for g in gens], atol=1e-6)
+
+        bank = bank_lib.init_bank(1, 8, 2)
+        bank, ids, _ = jax.jit(bank_lib.add)(bank, np.ones((6, 2), np.float32), np.zeros(6, np.int32), 0)
+        trained = {0: [3, 9], 1: [4], 3: [10], 4: [2, 5, 8]}  # steps at which each was trained
+        for step in range(11):
+            at = [int(ids[g]) for g, steps in trained.items() if step in steps]
+            if at:
+                bank = bank_lib.mark_trained(bank, np.asarray(at, np.int32), step)
+        entry_ids = np.asarray([int(ids[g]) for g in gens], np.int32)
+        weights = bank_lib.train_weights(bank, entry_ids, 10, cooldown=2, power=0.5)
+        count = np.array([len(trained.get(g, [])) for g in gens])
+        last = np.array([max(trained.get(g, [-100])) for g in gens])
+        want_w = np.where((count > 0) & (10 - last < 2), 0.0, (1.0 + count) ** -0.5)
+        np.testing.assert_allclose(weights, want_w, rtol=1e-6)
+
+        got = np.asarray(self.variant(adv.extractor_advantages)(rewards, weights))
+        np.testing.assert_allclose(got, (rewards - rewards.mean()) * want_w, atol=1e-6)
+        assert (want_w == 0).any() and (want_w < 1).any()  # the cooldown and the decay both act
 
 
 def test_bad_inputs_raise_one_line_errors():
@@ -94,5 +119,3 @@ def test_bad_inputs_raise_one_line_errors():
         adv.group_advantages(np.zeros(4), np.zeros(4), np.zeros(4, bool), normalization="std")
     with pytest.raises(ValueError, match="must all have shape"):
         adv.group_advantages(np.zeros(4), np.zeros(3), np.zeros(4, bool))
-    with pytest.raises(ValueError, match="cooldown and alpha"):
-        adv.training_count_weights(0, np.zeros(2), np.zeros(2), alpha=-1.0)
