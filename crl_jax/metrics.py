@@ -61,10 +61,12 @@ BANK_MERGED = "bank/merged"
 BANK_RETRIEVALS = "bank/retrievals"
 BANK_RETRIEVAL_HITS = "bank/retrieval_hits"
 BANK_REFINEMENTS = "bank/refinements"
+BANK_RETRIEVED_SHARE = "bank/retrieved_share"
 # The train-step metrics keep the names `rl.train_step` gives them ("actor/<name>", "extractor/<name>").
 ACTOR_LOSS, ACTOR_GRAD_NORM = "actor/loss", "actor/grad_norm"
 EXTRACTOR_LOSS, EXTRACTOR_REWARD = "extractor/loss", "extractor/reward"
 EXTRACTOR_BUFFER = "extractor/buffer_size"
+EXTRACTOR_SAMPLES = "extractor/samples"
 TIME_STEP = "time/step_s"
 TIME_ACTOR_ROLLOUT = "time/actor_rollout_s"
 TIME_ACTOR_UPDATE = "time/actor_update_s"
@@ -98,6 +100,8 @@ METRIC_DOCS: dict[str, str] = {
     EXTRACTOR_REWARD: "mean reward of the extractor samples in its update batch (the trainer's "
                       "value; the train step's own is extractor/reward_mean)",
     EXTRACTOR_BUFFER: "extractor samples waiting in the buffer after the step",
+    EXTRACTOR_SAMPLES: "extractor generations in this step's update batch (logged on update steps)",
+    BANK_RETRIEVED_SHARE: "share of the bank's live entries that have been shown to the actor",
     TIME_STEP: "wall seconds of the whole step",
     TIME_ACTOR_ROLLOUT: "wall seconds the actor spent generating rollouts (the critical path)",
     TIME_ACTOR_UPDATE: "wall seconds of the train step (the actor, and the extractor on steps that update "

@@ -158,7 +158,8 @@ def write_report(workdir: str) -> str:
                    for p, (s, v) in evals.items() if len(s)]
         if counted:
             out += ["", "Evaluation episodes: " + ", ".join(counted) + "."]
-        out += _before_after(rows) + _bank_section(rows) + _warm_start_section(rows)
+        out += (_before_after(rows) + _coevolution_section(rows, _read_config(workdir))
+                + _bank_section(rows) + _warm_start_section(rows))
         tasks, last = _per_task(rows)
         if tasks:
             cols = [m.key(p, f) for f in (m.SUCCESS, m.ACTIONS)
@@ -216,6 +217,40 @@ def _change(start: dict, end: dict) -> str:
         return ""
     se = float(np.sqrt(p0 * (1 - p0) / n0 + p1 * (1 - p1) / n1))
     return f"{p1 - p0:+.3f} ± {se:.3f}"
+
+
+def _read_config(workdir: str) -> dict:
+    try:
+        with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
+
+
+def _coevolution_section(rows: list[dict], config: dict) -> list[str]:
+    """How much the two models co-evolved: extractor updates against RL steps, what each update
+    trained on, and how the bank moved per step. Warns when the extractor trained on fewer than a
+    quarter of the RL steps of a run that asked it to train."""
+    steps = len(series(rows, m.TRAIN_SUCCESS)[0])
+    if not steps or not len(series(rows, m.BANK_SIZE)[0]):
+        return []
+    updates = len(series(rows, m.EXTRACTOR_LOSS)[0])
+    samples = series(rows, m.EXTRACTOR_SAMPLES)[1]
+    lines = [f"- extractor updates: {updates} of {steps} RL steps"
+             + (f", {samples.mean():.1f} generations per update" if len(samples) else "")]
+    per_step = {name: _sum(rows, key) / steps for name, key in (
+        ("added", m.BANK_ADDED), ("updated", m.BANK_UPDATED), ("merged away", m.BANK_MERGED),
+        ("deleted", m.BANK_DELETED))}
+    lines.append("- bank entries per RL step: " + ", ".join(f"{k} {v:.2f}" for k, v in per_step.items()))
+    share = series(rows, m.BANK_RETRIEVED_SHARE)[1]
+    if len(share):
+        lines.append(f"- share of live entries shown to the actor at least once, at the end: {share[-1]:.2f}")
+    wants_training = config.get("extractor", {}).get("train", True) and config.get(
+        "memory", {}).get("enabled", True)
+    if wants_training and updates < steps / 4:
+        lines.append(f"- **warning: the extractor was updated on {updates} of {steps} RL steps, fewer "
+                     "than a quarter: the extractor barely co-evolved with the actor in this run**")
+    return ["", "## Co-evolution", "", *lines]
 
 
 def _bank_section(rows: list[dict]) -> list[str]:

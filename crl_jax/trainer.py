@@ -341,7 +341,12 @@ class Trainer:
             # Includes the extractor's update when it shares the step, and any compilation.
             metrics[metrics_lib.TIME_ACTOR_UPDATE] = time.perf_counter() - update_started
         if self.experience is not None:
-            metrics["bank/size"] = float(len(self.experience.manager.store))
+            manager = self.experience.manager
+            metrics["bank/size"] = float(len(manager.store))
+            with manager.lock:  # the bank functions donate the bank; never read it mid-write
+                live, shown = jax.device_get((manager.bank.valid,
+                                              manager.bank.valid & (manager.bank.retrieval_count > 0)))
+            metrics[metrics_lib.BANK_RETRIEVED_SHARE] = float(shown.sum() / max(live.sum(), 1))
         metrics["extractor/buffer_size"] = float(len(self.buffer))
         metrics[metrics_lib.TIME_STEP] = time.perf_counter() - started
         return metrics
@@ -360,6 +365,7 @@ class Trainer:
         self.pending_trained = sorted({i for s in samples for i in s.entry_ids})
         self._trained_at = step
         metrics["extractor/reward"] = float(np.mean([s.reward for s in samples]))
+        metrics[metrics_lib.EXTRACTOR_SAMPLES] = float(len(samples))
         metrics["extractor/weight_mean"] = float(weights.mean())
         longest = max(len(s.generation.prompt_ids) + len(s.generation.response_ids) for s in samples)
         length = (self.cfg.extractor.cache_length if self.hosts
