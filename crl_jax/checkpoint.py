@@ -49,6 +49,11 @@ class CheckpointError(RuntimeError):
     """No checkpoint can be restored (none saved, all corrupt, or one that does not fit)."""
 
 
+class SaveFailed(RuntimeError):
+    """A checkpoint could not be written (a full disk, a file-size limit, an unwritable folder);
+    the message names the step, the cause and the newest complete step a rerun resumes from."""
+
+
 class ConfigMismatchError(CheckpointError):
     """The checkpoint was saved under a different configuration."""
 
@@ -243,7 +248,7 @@ class Checkpointer:
                             + "\n  ".join(problems[:10]))
         host_doc = {"format": _FORMAT, "config_digest": self.digest,
                     "host_state": json.loads(json.dumps(host_state))}
-        self._mgr.wait_until_finished()  # the manifest hook reads _saving_step: one save at a time
+        self._finish_pending()  # the manifest hook reads _saving_step: one save at a time
         latest = self._mgr.latest_step()
         if latest is not None and step <= latest:
             raise ValueError(f"cannot save step {step}: {self.directory} already holds step "
@@ -256,9 +261,20 @@ class Checkpointer:
             self.wait()
 
     def wait(self) -> None:
-        """Block until the last save is committed (raises if it failed)."""
-        self._mgr.wait_until_finished()
-        self._mgr.check_for_errors()
+        """Block until the last save is committed (raises SaveFailed if it failed)."""
+        self._finish_pending()
+
+    def _finish_pending(self) -> None:
+        try:
+            self._mgr.wait_until_finished()
+            self._mgr.check_for_errors()
+        except Exception as err:  # Orbax and tensorstore raise ValueError, OSError, RuntimeError
+            cause = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
+            complete = [s for s in self.all_steps() if s != self._saving_step]
+            resume = (f"step {complete[-1]} is the newest complete checkpoint, where a rerun resumes"
+                      if complete else "no complete checkpoint is left: a rerun starts over")
+            raise SaveFailed(f"saving the checkpoint of step {self._saving_step} in "
+                             f"{self.directory} failed ({cause}); is the disk full? {resume}") from None
 
     def close(self) -> None:
         self._mgr.close()

@@ -6,7 +6,8 @@ any setting; `--workdir` chooses where checkpoints, logs and the report go. A ru
 the same workdir resumes from its newest valid checkpoint. A bad config is reported one line per
 problem, before any training, with exit status 2; so are a workdir another run is using and a
 missing packaged asset (the line names the command that installs it) and a model or tokenizer
-file that cannot be read (the line names the file and what is wrong). A SIGTERM
+file that cannot be read (the line names the file and what is wrong). A checkpoint that cannot be
+written (a full disk) stops the run with one line and exit status 1; the previous checkpoint stays. A SIGTERM
 or Ctrl-C (SIGINT) stops the run after its current RL step, checkpointed, with status 143 / 130
 (a second one stops it at once): a preempted run resumes without losing a finished step.
 
@@ -45,6 +46,7 @@ def parse_args(argv: list[str]) -> tuple[str, list[str], str]:
 def main(argv: list[str]) -> None:
     spec, overrides, workdir = parse_args(argv)
     from crl_jax.assets import BadModelFile, MissingAsset
+    from crl_jax.checkpoint import SaveFailed
     from crl_jax.config import ConfigError
     from crl_jax.config_loading import load_config
     from crl_jax.graceful_stop import Stopped
@@ -67,6 +69,9 @@ def main(argv: list[str]) -> None:
     except (WorkdirInUse, MissingAsset, BadModelFile) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
+    except SaveFailed as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        sys.exit(1)
     except Stopped as stop:
         print(f"{workdir}: {stop}", file=sys.stderr, flush=True)
         sys.exit(128 + stop.signum)  # the status a shell gives a process the signal ended
