@@ -16,6 +16,7 @@ Implementations (`IMPLEMENTATIONS`):
   blocks past a query block's last slot are never visited. Any backend, any T, GQA, any H.
 - `splash`: Pallas splash attention on TPU (`crl_jax.models.splash`), heads and batch sharded.
 - `cudnn`: cuDNN flash attention on GPU through `jax.nn.dot_product_attention`.
+  These two take whole sequences; queries against a KV cache then use what `auto` picks there.
 - `auto`: splash on TPU (with a mesh in context, as the train step sets) and cuDNN on GPU for a
   whole sequence; otherwise materialized below `BLOCKWISE_FROM` scored slots, blockwise above.
 
@@ -46,20 +47,19 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Array,
     b, t, n, h = q.shape
     s = k.shape[2]
     impl = resolve(implementation, t, s, whole_sequence=q_slots is None)
+    if q_slots is not None and impl in ("splash", "cudnn"):
+        # Whole-sequence kernels: queries against a KV cache (the sampler) take the portable path.
+        impl = resolve("auto", t, s, whole_sequence=False)
     if impl == "materialized":
         if q_slots is None:
             return causal_attention(q, k, v, key_valid)
         visible = key_valid[:, None, :] & (jnp.arange(s)[None, None, :] <= q_slots[:, :, None])
         return grouped_attention(q, k, v, visible)
     if impl == "splash":
-        if q_slots is not None:
-            raise ValueError("splash attention takes a whole sequence (no cache): use blockwise")
         from crl_jax.models import splash
         return splash.splash_attention(q, k, v, key_valid, block=block,
                                        context_parallel=context_parallel)
     if impl == "cudnn":
-        if q_slots is not None:
-            raise ValueError("cudnn attention takes a whole sequence (no cache): use blockwise")
         return _cudnn(q, k, v, key_valid, "cudnn")
     if q_slots is None:
         q_slots = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
