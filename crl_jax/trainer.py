@@ -342,11 +342,11 @@ class Trainer:
             metrics[metrics_lib.TIME_ACTOR_UPDATE] = time.perf_counter() - update_started
         if self.experience is not None:
             manager = self.experience.manager
-            metrics["bank/size"] = float(len(manager.store))
+            live = len(manager.store)  # the store holds one text per live bank entry
+            metrics["bank/size"] = float(live)
             with manager.lock:  # the bank functions donate the bank; never read it mid-write
-                live, shown = jax.device_get((manager.bank.valid,
-                                              manager.bank.valid & (manager.bank.retrieval_count > 0)))
-            metrics[metrics_lib.BANK_RETRIEVED_SHARE] = float(shown.sum() / max(live.sum(), 1))
+                shown = int(jax.numpy.sum(manager.bank.valid & (manager.bank.retrieval_count > 0)))
+            metrics[metrics_lib.BANK_RETRIEVED_SHARE] = shown / max(live, 1)
         metrics["extractor/buffer_size"] = float(len(self.buffer))
         metrics[metrics_lib.TIME_STEP] = time.perf_counter() - started
         return metrics
