@@ -31,6 +31,7 @@ import transformers  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from crl_jax import models, sampling  # noqa: E402
+from crl_jax.rollout import conversations  # noqa: E402
 
 CONFIGS = {
     # ~7M parameters, Qwen2 layout (q/k/v biases, tied embeddings, GQA).
@@ -98,7 +99,7 @@ def run_crl_jax(model, prompts: np.ndarray, new: int, repeats: int) -> tuple[np.
     graphdef, params = nnx.split(model)
     spec = sampling.SamplerSpec(method="greedy", max_new_tokens=new,
                                 cache_length=prompts.shape[1] + new)
-    sampler = sampling.Sampler(graphdef, model.config, spec)
+    sampler = conversations.Sampler(graphdef, model.config, spec)
     rows = [list(map(int, p)) for p in prompts]
     sampler.generate(params, rows)  # compile
     best = float("inf")

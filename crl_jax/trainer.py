@@ -28,10 +28,11 @@ import jax
 import numpy as np
 from flax import nnx
 
-from crl_jax import distributed, envs, graceful_stop, models, roles, sharding, workdir_lock
-from crl_jax import metrics as metrics_lib
+from crl_jax import envs, models, roles, sharding
+from crl_jax.run import distributed, graceful_stop, workdir_lock
+from crl_jax.run import metrics as metrics_lib
 from crl_jax.assets import SMOLLM2_INSTALL, MissingAsset
-from crl_jax.checkpoint import Checkpointer, config_digest
+from crl_jax.run.checkpoint import Checkpointer, config_digest
 from crl_jax.config import ConfigError, RunConfig
 from crl_jax.envs.runner import GuardedEnv
 from crl_jax.memory import bank as bank_lib
@@ -49,7 +50,8 @@ from crl_jax.rollout.extractor import ExtractorClient
 from crl_jax.rollout.reward_buffer import RewardBuffer
 from crl_jax.rollout.task_stream import TaskStream
 from crl_jax.rollout.trajectory import EpisodeSpec, generations_batch, to_policy_batch
-from crl_jax.sampling import Sampler, SamplerSpec
+from crl_jax.rollout.conversations import Sampler
+from crl_jax.sampling import SamplerSpec
 from crl_jax.tokenizer import Tokenizer
 from crl_jax.warm_start import WarmStartInputs, cache_identity, length_bucket, run_warm_start
 
@@ -532,7 +534,7 @@ class Trainer:
                 workdir_lock.release(self.workdir)
             raise stopped
         if jax.process_index() == 0:
-            from crl_jax import report
+            from crl_jax.run import report
 
             report.write_report(self.workdir)
             workdir_lock.release(self.workdir)
@@ -658,7 +660,7 @@ class Trainer:
 
 
 def episode_metrics(trajectories, prefix: str) -> dict[str, float]:
-    """Success, reward, actions and tool use, overall and per task (see crl_jax.metrics)."""
+    """Success, reward, actions and tool use, overall and per task (see crl_jax.run.metrics)."""
     return metrics_lib.aggregate_episodes([episode_record(t) for t in trajectories], prefix)
 
 

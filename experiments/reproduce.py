@@ -75,9 +75,9 @@ ROOT = os.path.dirname(_HERE)
 sys.path.insert(0, ROOT)
 sys.path.insert(0, _HERE)
 
-from crl_jax import checkpoint  # noqa: E402
+from crl_jax.run import checkpoint  # noqa: E402
 from crl_jax.config import ConfigError, to_dict  # noqa: E402
-from crl_jax.config_loading import load_config  # noqa: E402
+from crl_jax.run.config_loading import load_config  # noqa: E402
 from crl_jax.trainer import START_EVAL_FILE, start_eval_identity  # noqa: E402
 from crl_jax.warm_start import cache_identity  # noqa: E402
 

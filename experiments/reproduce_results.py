@@ -26,8 +26,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from crl_jax import config as config_lib
-from crl_jax import metrics as m
-from crl_jax.report import load_rows, series
+from crl_jax.run import metrics as m
+from crl_jax.run.report import load_rows, series
 
 # Method name -> (row label in the tables, the variants it adds to the setting's config).
 METHODS = {

@@ -12,7 +12,7 @@ or Ctrl-C (SIGINT) stops the run after its current RL step, checkpointed, with s
 (a second one stops it at once): a preempted run resumes without losing a finished step.
 
 Multi-host: set CRL_JAX_DISTRIBUTED=1 (launch_tpu.sh does) to call jax.distributed.initialize()
-(see crl_jax/distributed.py; CRL_JAX_COORDINATOR, CRL_JAX_NUM_PROCESSES and CRL_JAX_PROCESS_ID
+(see crl_jax/run/distributed.py; CRL_JAX_COORDINATOR, CRL_JAX_NUM_PROCESSES and CRL_JAX_PROCESS_ID
 name the coordinator where it is not discovered, e.g. CPU processes on one machine).
 """
 
@@ -46,15 +46,15 @@ def parse_args(argv: list[str]) -> tuple[str, list[str], str]:
 def main(argv: list[str]) -> None:
     spec, overrides, workdir = parse_args(argv)
     from crl_jax.assets import BadModelFile, MissingAsset
-    from crl_jax.checkpoint import SaveFailed
+    from crl_jax.run.checkpoint import SaveFailed
     from crl_jax.config import ConfigError
-    from crl_jax.config_loading import load_config
-    from crl_jax.graceful_stop import Stopped
-    from crl_jax.workdir_lock import WorkdirInUse
+    from crl_jax.run.config_loading import load_config
+    from crl_jax.run.graceful_stop import Stopped
+    from crl_jax.run.workdir_lock import WorkdirInUse
 
     try:
         cfg = load_config(spec, overrides, config_dir=os.path.join(_HERE, "configs"))
-        from crl_jax import distributed
+        from crl_jax.run import distributed
 
         distributed.initialize_from_env()
         from crl_jax import trainer

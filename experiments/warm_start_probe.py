@@ -67,7 +67,7 @@ def main(argv: list[str]) -> None:
     import jax
 
     from crl_jax import envs, trainer
-    from crl_jax.config_loading import load_config
+    from crl_jax.run.config_loading import load_config
     from crl_jax.rl.logprobs import sequence_logprobs
     from crl_jax.rl.sft import sft_batch
     from crl_jax.warm_start import demos

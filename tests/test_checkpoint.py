@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from crl_jax import checkpoint as ckpt
+from crl_jax.run import checkpoint as ckpt
 from crl_jax import models, sharding
 from crl_jax.memory import bank as bank_lib
 from crl_jax.rl.state import OptimizerConfig, TrainState, make_optimizer, state_shardings
@@ -217,7 +217,7 @@ def test_corrupt_latest_falls_back_to_previous(abstract, tmp_path, damage):
 _KILLED_SAVE = """
 import os, signal, sys
 import jax, numpy as np
-from crl_jax import checkpoint as ckpt
+from crl_jax.run import checkpoint as ckpt
 c = ckpt.Checkpointer(sys.argv[1])
 c.save(1, {"w": jax.numpy.arange(64.0)}, {"step": 1})
 c.wait()

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from crl_jax import envs, models, sharding
-from crl_jax.config_loading import load_config
+from crl_jax.run.config_loading import load_config
 from crl_jax.memory import prompts
 from crl_jax.memory.text_store import render_entry
 from crl_jax.rl import aot, memory_fit

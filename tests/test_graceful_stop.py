@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from crl_jax import graceful_stop
+from crl_jax.run import graceful_stop
 
 
 def test_first_signal_is_recorded_and_a_second_sigint_interrupts():

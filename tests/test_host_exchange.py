@@ -5,7 +5,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from crl_jax import host_exchange
+from crl_jax.run import host_exchange
 from crl_jax.memory.text_store import Generation
 from crl_jax.rollout.trajectory import EpisodeSpec, Trajectory
 

@@ -12,9 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from crl_jax import metrics as m
-from crl_jax import report
-from crl_jax.tensorboard_events import crc32c
+from crl_jax.run import metrics as m
+from crl_jax.run import report
+from crl_jax.run.tensorboard_events import crc32c
 
 
 def _rows(workdir):
@@ -232,7 +232,7 @@ def test_report_cli(tmp_path):
         w.write(1, {m.TRAIN_SUCCESS: 0.0})
         w.write(2, {m.TRAIN_SUCCESS: 0.5})
     env = {**os.environ, "MPLBACKEND": "Agg"}
-    proc = subprocess.run([sys.executable, "-m", "crl_jax.report", wd], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "crl_jax.run.report", wd], capture_output=True,
                           text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "| `train/success` | 1 | 0 | 2 | 0.5 | 2 |" in open(os.path.join(wd, "report.md")).read()

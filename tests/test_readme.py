@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from crl_jax.config_loading import load_config
+from crl_jax.run.config_loading import load_config
 from tests import readme_commands
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

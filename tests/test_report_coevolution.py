@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from crl_jax import report
+from crl_jax.run import report
 
 
 def write_run(folder, updates_at, extractor_train=True, steps=8):

@@ -12,7 +12,7 @@ from flax import nnx
 
 from crl_jax import envs, models, sharding
 from crl_jax.config import ConfigError, WarmStartConfig, from_dict
-from crl_jax.config_loading import load_config
+from crl_jax.run.config_loading import load_config
 from crl_jax.memory import ops, prompts
 from crl_jax.rl.sft import make_sft_step, sft_batch
 from crl_jax.rollout.extractor import prompt_ids

@@ -1,4 +1,4 @@
-"""One run per workdir (crl_jax.workdir_lock): a second process is refused, with the holder named,
+"""One run per workdir (crl_jax.run.workdir_lock): a second process is refused, with the holder named,
 before it can touch the workdir; a killed holder leaves no stale lock."""
 
 import os
@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
-from crl_jax import workdir_lock
+from crl_jax.run import workdir_lock
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-HOLD = ("import sys, time; from crl_jax import workdir_lock; workdir_lock.acquire(sys.argv[1]); "
+HOLD = ("import sys, time; from crl_jax.run import workdir_lock; workdir_lock.acquire(sys.argv[1]); "
         "print('locked', flush=True); time.sleep(120)")
 
 

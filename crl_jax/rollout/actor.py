@@ -1,6 +1,6 @@
 """The multi-turn actor loop: a batch of episodes, turn by turn, with exact token bookkeeping.
 
-Every episode is one row of a `sampling.Conversations`: the first call prefills the prompt
+Every episode is one row of a `rollout.conversations.Conversations`: the first call prefills the prompt
 (system message, with the retrieved experience for guided episodes, then the goal and first
 observation); each later call appends only the new tokens (the end of the actor's turn, the
 environment's reply, the next generation prompt) to that row's KV cache. The trajectory records the
@@ -23,7 +23,7 @@ from crl_jax.envs.base import TextEnv
 from crl_jax.memory import prompts
 from crl_jax.memory.text_store import Entry, Generation
 from crl_jax.rollout.trajectory import EpisodeSpec, Trajectory
-from crl_jax.sampling import Sampler
+from crl_jax.rollout.conversations import Sampler
 from crl_jax.tokenizer import IM_END, Tokenizer
 
 # (queries [(task, question)]) -> one (guidance text or None, Generation or None) per query

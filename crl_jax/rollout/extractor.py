@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from crl_jax.memory.text_store import Generation
-from crl_jax.sampling import Sampler
+from crl_jax.rollout.conversations import Sampler
 from crl_jax.tokenizer import Tokenizer
 
 

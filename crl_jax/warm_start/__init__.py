@@ -43,9 +43,9 @@ from collections.abc import Callable, Sequence
 import jax
 import numpy as np
 
-from crl_jax import graceful_stop
-from crl_jax import metrics as metrics_lib
-from crl_jax.checkpoint import Checkpointer, CheckpointError, config_digest
+from crl_jax.run import graceful_stop
+from crl_jax.run import metrics as metrics_lib
+from crl_jax.run.checkpoint import Checkpointer, CheckpointError, config_digest
 from crl_jax.config import RunConfig, WarmStartConfig
 from crl_jax.memory import ops, prompts
 from crl_jax.rl.sft import make_sft_step, sft_batch
@@ -119,7 +119,7 @@ class WarmStartInputs:
     extractor_mesh: object = None        # the extractor's own mesh (disjoint roles); None = `mesh`
     generate: Generate | None = None     # generation with the run's extractor sampler (the probe)
     # The signal that asks the run to stop (0: none), read between the halves: the actor's is
-    # cached by then, so a stop there loses no finished work (see crl_jax.graceful_stop).
+    # cached by then, so a stop there loses no finished work (see crl_jax.run.graceful_stop).
     stop_signal: Callable[[], int] | None = None
 
 

@@ -8,7 +8,8 @@ from flax import nnx
 from crl_jax import models
 from crl_jax.memory.manager import MemoryConfig, MemoryManager
 from crl_jax.memory.search import SearchConfig, jit_bank_fns
-from crl_jax.sampling import Sampler, SamplerSpec
+from crl_jax.rollout.conversations import Sampler
+from crl_jax.sampling import SamplerSpec
 
 
 def test_a_slice_of_the_batch_samples_what_the_whole_batch_does():

@@ -19,7 +19,8 @@ def main(out: str, devices: int, sections: dict) -> None:
     import jax
 
     jax.config.update("jax_default_matmul_precision", "highest")
-    from crl_jax import config, distributed, envs
+    from crl_jax import config, envs
+    from crl_jax.run import distributed
 
     distributed.initialize_from_env()
     from jax.experimental import multihost_utils

@@ -108,7 +108,7 @@ def test_state_round_trip_and_show(bank_fns, hash_embed, tmp_path):
     assert "== task room: 1 entries, 0 retrievals ==" in out and "keep a hand on the wall" in out
     assert "no_answer: 1" in out
     # A training checkpoint folder: the bank sits inside the host state Orbax writes.
-    from crl_jax.checkpoint import Checkpointer
+    from crl_jax.run.checkpoint import Checkpointer
 
     ckpt = Checkpointer(str(tmp_path / "run" / "checkpoints"), max_to_keep=1, async_save=False)
     ckpt.save(3, {"x": np.zeros(2, np.float32)}, {"next_step": 4, "memory": state})

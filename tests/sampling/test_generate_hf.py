@@ -14,6 +14,7 @@ from jax.sharding import NamedSharding  # noqa: E402
 from crl_jax import models, sampling  # noqa: E402
 from crl_jax.sharding import logical_to_spec, make_mesh  # noqa: E402
 from crl_jax.sampling import engine  # noqa: E402
+from crl_jax.rollout import conversations  # noqa: E402
 from tests.sampling.conftest import random_prompts  # noqa: E402
 
 NEW = 10
@@ -95,7 +96,7 @@ def test_session_generate_and_multi_turn_equals_single_run(make_pair):
     equals a fresh run over the whole history, and every logprob matches one full forward."""
     torch_model, model = make_pair("qwen2")
     graphdef, params = nnx.split(model)
-    sampler = sampling.Sampler(graphdef, model.config, SPEC.replace(max_new_tokens=6))
+    sampler = conversations.Sampler(graphdef, model.config, SPEC.replace(max_new_tokens=6))
     rng = np.random.default_rng(2)
     prompts = random_prompts(rng, (7, 3, 5))
     conv = sampler.new_conversations(3)
@@ -133,10 +134,10 @@ def test_sharded_generation_equals_single_device(make_pair):
     torch_model, model = make_pair("qwen3")
     mesh = make_mesh((2, 2, 2))
     graphdef, params = nnx.split(model)
-    sharded = sampling.shard_params(params, mesh)
+    sharded = conversations.shard_params(params, mesh)
     assert jax.tree.leaves(sharded)[-1].sharding.mesh.shape == mesh.shape
     prompts = random_prompts(np.random.default_rng(3), (9, 2, 5, 4))
-    sampler = sampling.Sampler(graphdef, model.config, SPEC, mesh=mesh)
+    sampler = conversations.Sampler(graphdef, model.config, SPEC, mesh=mesh)
     conv = sampler.new_conversations(4)
     out = conv.step(params=sharded, new_tokens=prompts)
     k = conv.state.cache.k

@@ -10,6 +10,7 @@ from flax import nnx  # noqa: E402
 
 from crl_jax import models, sampling  # noqa: E402
 from crl_jax.models import gguf_io  # noqa: E402
+from crl_jax.rollout import conversations  # noqa: E402
 
 MESSAGES = [{"role": "system", "content": "You are a helpful assistant."},
             {"role": "user", "content": "Name three colours of the rainbow."}]
@@ -42,7 +43,7 @@ def test_smollm2_greedy_chat_matches_transformers(smollm2_hf_folder):
     model = models.from_pretrained(str(smollm2_hf_folder))
     graphdef, params = nnx.split(model)
     spec = sampling.SamplerSpec(max_new_tokens=NEW, eos_ids=(eos,), cache_length=len(prompt) + NEW)
-    result = sampling.Sampler(graphdef, model.config, spec).generate(params, [prompt])
+    result = conversations.Sampler(graphdef, model.config, spec).generate(params, [prompt])
     ours = result.tokens[0].tolist()
     assert ours == expected, (tokenizer.decode(ours), tokenizer.decode(expected))
     assert len(set(ours)) > 5  # a real answer, not a degenerate repetition

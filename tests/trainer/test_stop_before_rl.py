@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from crl_jax import graceful_stop
+from crl_jax.run import graceful_stop
 from crl_jax import trainer as trainer_lib
 from crl_jax import warm_start as warm_start_lib
 

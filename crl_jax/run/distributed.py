@@ -37,7 +37,8 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 
-from crl_jax import host_exchange, sharding
+from crl_jax import sharding
+from crl_jax.run import host_exchange
 
 ENV_FLAG = "CRL_JAX_DISTRIBUTED"
 
@@ -139,7 +140,7 @@ class Hosts:
         cached = self._params_cache.get(role)
         if cached is not None and cached[0] is params:
             return cached[1]
-        from crl_jax.sampling.session import shard_params
+        from crl_jax.rollout.conversations import shard_params
 
         replica = shard_params(multihost_utils.process_allgather(params, tiled=True), self.local_mesh)
         self._params_cache[role] = (params, replica)

@@ -380,6 +380,6 @@ class Checkpointer:
                 log.warning("moved unusable checkpoint step %d to %s", s, dest)
         if jax.process_count() > 1:
             from jax.experimental import multihost_utils
-            multihost_utils.sync_global_devices("crl_jax.checkpoint.quarantine")
+            multihost_utils.sync_global_devices("crl_jax.run.checkpoint.quarantine")
         self._mgr.reload()
 

@@ -9,6 +9,7 @@ from flax import nnx  # noqa: E402
 
 from crl_jax import sampling  # noqa: E402
 from crl_jax.sampling import stops  # noqa: E402
+from crl_jax.rollout import conversations  # noqa: E402
 from tests.sampling.conftest import random_prompts  # noqa: E402
 from tests.sampling.test_generate_hf import hf_logprobs  # noqa: E402
 from tests.sampling.test_methods import allowed_set  # noqa: E402
@@ -16,7 +17,7 @@ from tests.sampling.test_methods import allowed_set  # noqa: E402
 
 def make_sampler(model, **spec):
     graphdef, params = nnx.split(model)
-    return sampling.Sampler(graphdef, model.config, sampling.SamplerSpec(**spec)), params
+    return conversations.Sampler(graphdef, model.config, sampling.SamplerSpec(**spec)), params
 
 
 def test_eos_and_stop_sequences_stop_exactly(make_pair):
@@ -27,7 +28,7 @@ def test_eos_and_stop_sequences_stop_exactly(make_pair):
     full = [list(t) for t in base.generate(params, prompts).tokens]
     # Stops chosen from the unconstrained outputs so that they are actually hit mid-generation.
     spec = base.spec.replace(stop_sequences=(tuple(full[0][2:4]),), eos_ids=(full[1][3],))
-    sampler = sampling.Sampler(base.graphdef, model.config, spec)
+    sampler = conversations.Sampler(base.graphdef, model.config, spec)
     conv = sampler.new_conversations(4)
     result = conv.step(params, prompts)
     for b in range(4):

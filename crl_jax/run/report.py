@@ -4,7 +4,7 @@ Owns the choice of what a run's summary shows: a table of first vs last values o
 evaluation episode counts, the last evaluation per task, and plots over steps of success rate,
 reward, actions per episode, bank size, extractor reward, tool-call rate and step timings. A plot
 or row appears only when its metrics were logged, so baselines without a bank or extractor still
-get a clean report. Usable after a crash too: `python -m crl_jax.report <workdir>`.
+get a clean report. Usable after a crash too: `python -m crl_jax.run.report <workdir>`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from crl_jax import metrics as m
+from crl_jax.run import metrics as m
 
 REPORT = "report.md"
 
@@ -309,14 +309,14 @@ def _warm_start_section(rows: list[dict]) -> list[str]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m crl_jax.report",
+    parser = argparse.ArgumentParser(prog="python -m crl_jax.run.report",
                                      description="Write report.md and plots from a run's metrics.")
     parser.add_argument("workdir", help="the run's workdir (holds metrics.jsonl)")
     args = parser.parse_args(argv)
     try:
         print(write_report(args.workdir))
     except (FileNotFoundError, OSError) as e:
-        print(f"crl_jax.report: {e}", file=sys.stderr)
+        print(f"crl_jax.run.report: {e}", file=sys.stderr)
         return 2
     return 0
 

@@ -1,6 +1,6 @@
 """The byte format hosts exchange records in: msgpack, with an explicit list of record types.
 
-Multi-host runs all-gather trajectories and broadcast extractor replies (crl_jax/distributed.py).
+Multi-host runs all-gather trajectories and broadcast extractor replies (crl_jax/run/distributed.py).
 These are plain records, so they travel as msgpack, which cannot run code when read, unlike
 pickle: lists, dicts, strings, numbers and None as themselves; tuples, numpy arrays and scalars,
 and the dataclasses registered in `RECORD_TYPES` as tagged extension values. Anything else is a
@@ -48,7 +48,7 @@ def _encode(obj):
         if isinstance(obj, base):  # a subclass (an IntEnum, say) goes as its base type
             return base(obj)
     raise TypeError(f"cannot send a {type(obj).__name__} between hosts; register it in "
-                    "crl_jax.host_exchange or send plain values")
+                    "crl_jax.run.host_exchange or send plain values")
 
 
 def _decode(code: int, data: bytes):

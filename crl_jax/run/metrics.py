@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from crl_jax.tensorboard_events import EventFileWriter
+from crl_jax.run.tensorboard_events import EventFileWriter
 
 # --- Metric keys. Episode-level keys are "<prefix>/<field>" and, per task, "<prefix>/<field>/<task>".
 SUCCESS, REWARD, ACTIONS, TOOL_CALLS, EPISODES = "success", "reward", "actions", "tool_calls", "episodes"
