@@ -78,7 +78,7 @@ sys.path.insert(0, _HERE)
 from crl_jax.run import checkpoint  # noqa: E402
 from crl_jax.config import ConfigError, to_dict  # noqa: E402
 from crl_jax.run.config_loading import load_config  # noqa: E402
-from crl_jax.trainer import START_EVAL_FILE, start_eval_identity  # noqa: E402
+from crl_jax.run.evaluation import START_EVAL_FILE, start_eval_identity  # noqa: E402
 from crl_jax.warm_start import cache_identity  # noqa: E402
 
 import reproduce_results as results_lib  # noqa: E402
@@ -180,7 +180,7 @@ def share_warm_start(run: Run, runs: list[Run]) -> list[str]:
 
 def start_eval_source(run: Run, runs: list[Run]) -> Run | None:
     """The sibling whose kept start evaluation `run` can use: one whose config differs from the
-    run's in training-only settings alone (crl_jax.trainer.start_eval_identity) and that has
+    run's in training-only settings alone (crl_jax.run.evaluation.start_eval_identity) and that has
     played it. None when the run has one, is past it, or no sibling qualifies."""
     mine = os.path.join(run.workdir, START_EVAL_FILE)
     if run.last_step >= 0 or os.path.exists(mine):

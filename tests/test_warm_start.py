@@ -18,9 +18,9 @@ from crl_jax.rl.sft import make_sft_step, sft_batch
 from crl_jax.rollout.extractor import prompt_ids
 from crl_jax.rl.state import OptimizerConfig, create_sharded_state, make_optimizer
 from crl_jax.rollout.vocabulary import build_tokenizer
+from crl_jax.shapes import length_bucket
 from crl_jax.warm_start import (PROBE_EPISODES, PROBE_MERGES, WarmStartInputs, cache_identity, demos,
-                               length_bucket, lessons, params_fingerprint, probe_extractor, rows_per_batch,
-                               run_warm_start)
+                               lessons, params_fingerprint, probe_extractor, rows_per_batch, run_warm_start)
 
 TASK = "sokoban/6x6-2box"   # a real environment: fast to reset, has a scripted expert
 SHORT = "test/corridor"     # short prompts, so the JAX tests compile one small shape

@@ -8,7 +8,8 @@ from crl_jax.data.task_splits import (
     build_task_splits,
     load_task_splits,
     task_seeds,
+    task_specs,
 )
 
 __all__ = ["DEFAULT_NUM_TEST", "TEST_SEED_BASE", "TRAIN_SEED_BASE", "TaskSplits", "build_task_splits",
-           "load_task_splits", "task_seeds"]
+           "load_task_splits", "task_seeds", "task_specs"]

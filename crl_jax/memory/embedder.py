@@ -27,12 +27,10 @@ import numpy as np
 import tokenizers
 from flax import nnx
 
+from crl_jax.shapes import pow2_bucket
+
 # (params, tokens [B, T] int32, mask [B, T] int32) -> [B, E] unit vectors; jitted here.
 EncodeFn = Callable[[object, jax.Array, jax.Array], jax.Array]
-
-
-def _pow2_at_least(n: int, least: int) -> int:
-    return max(least, 1 << max(0, n - 1).bit_length())
 
 
 class Embedder:
@@ -94,8 +92,8 @@ class Embedder:
         ids = [e.ids for e in self.tokenizer.encode_batch([self.prefix + t for t in texts])]
         if self.eos_id is not None:
             ids = [x if x and x[-1] == self.eos_id else x + [self.eos_id] for x in ids]
-        t = min(self.max_len, _pow2_at_least(max(len(x) for x in ids), self.min_len))
-        b = min(_pow2_at_least(len(ids), 1), _pow2_at_least(self.max_batch, 1))
+        t = min(self.max_len, pow2_bucket(max(len(x) for x in ids), self.min_len))
+        b = min(pow2_bucket(len(ids), 1), pow2_bucket(self.max_batch, 1))
         tokens = np.full((b, t), self.pad_id, np.int32)
         mask = np.zeros((b, t), np.int32)
         for i, x in enumerate(ids):

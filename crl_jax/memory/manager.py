@@ -35,6 +35,7 @@ from crl_jax.memory.bank import NEVER, Bank, init_bank
 from crl_jax.memory.prompts import merge_messages
 from crl_jax.memory.search import BankFns
 from crl_jax.memory.text_store import Entry, Generation, TextStore, render_entry
+from crl_jax.shapes import pow2_bucket
 
 # (chat messages) -> (generated text, its Generation or None); the extractor's sampler.
 MergeGenerate = Callable[[list[dict]], tuple[str, "Generation | None"]]
@@ -61,9 +62,8 @@ class MemoryConfig:
             raise ValueError("invalid MemoryConfig: " + "; ".join(problems))
 
 
-def _bucket(n: int, least: int = 4) -> int:
-    """Padded size for n items: powers of two, so jitted calls see few distinct shapes."""
-    return max(least, 1 << max(0, n - 1).bit_length())
+def _bucket(n: int) -> int:
+    return pow2_bucket(n, least=4)
 
 
 def _padded_ids(ids: Sequence[int], size: int) -> np.ndarray:

@@ -6,7 +6,8 @@
 - logprobs: chunked per-token log-probs, `compute_logprobs`;
 - state: `TrainState`, AdamW, shardings from logical axes;
 - train_step: the joint, jitted, sharded update (`train_step`, `make_train_step`, `TrainConfig`);
-- aot: compile the step for a TPU topology without a TPU (memory and FLOPs per chip).
+- aot: compile the step for a TPU topology without a TPU (memory and FLOPs per chip);
+- updater: the host side of one step's update (length buckets, one compile per shape, role split).
 """
 
 from crl_jax.rl.batch import PolicyBatch, TrainBatch, make_policy_batch

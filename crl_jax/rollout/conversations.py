@@ -28,6 +28,7 @@ from jax.sharding import Mesh
 from crl_jax import models, sharding
 from crl_jax.sampling import engine, stops
 from crl_jax.sampling.spec import SamplerSpec
+from crl_jax.shapes import pow2_bucket
 
 
 @dataclasses.dataclass
@@ -63,7 +64,7 @@ class Sampler:
     def chunk_length(self, longest: int) -> int:
         """Chunks are padded to a power of two (>= min_chunk, <= cache length) so that the number
         of compiled programs stays logarithmic in the prompt lengths seen."""
-        length = max(self.min_chunk, 1 << max(longest - 1, 0).bit_length())
+        length = pow2_bucket(longest, least=self.min_chunk)
         return min(length, self.spec.cache_length)
 
     def new_conversations(self, batch_size: int, seed: int = 0, first_row: int = 0) -> Conversations:

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from crl_jax.memory.text_store import Generation
 from crl_jax.rollout.conversations import Sampler
+from crl_jax.shapes import pow2_bucket
 from crl_jax.tokenizer import Tokenizer
 
 
@@ -37,10 +38,6 @@ def prompt_ids(tokenizer: Tokenizer, messages: Sequence[dict], room: int) -> lis
     return fit_prompt(ids, room, head=system + _USER_OPENING)
 
 
-def _bucket(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
-
-
 class ExtractorClient:
     """Batched generation with the extractor's sampler; `params` are passed per call."""
 
@@ -64,7 +61,7 @@ class ExtractorClient:
             return []
         prompts = [self._prompt(m) for m in conversations]
         # Pad the batch to a power of two so the compiled sampler is reused across calls.
-        padded = prompts + [prompts[0]] * (_bucket(max(len(prompts), self.min_batch)) - len(prompts))
+        padded = prompts + [prompts[0]] * (pow2_bucket(max(len(prompts), self.min_batch)) - len(prompts))
         result = self.sampler.generate(params, padded, seed=seed)
         self.calls += 1
         out = []

@@ -4,7 +4,7 @@ Design (what each host does, and why the run stays one run):
 - **States and the train step live on the global mesh** (every device of every host). The actor and
   extractor TrainStates are global arrays; Orbax saves them collectively; the joint train step is
   one SPMD program whose batch is assembled with `jax.make_array_from_process_local_data`.
-- **Rollouts are split by rows.** Of a step's B episodes, host p runs rows
+- **Rollouts are split by rows** (crl_jax/rollout/collect.py). Of a step's B episodes, host p runs rows
   [p*B/P, (p+1)*B/P) with its own environments and a host-local replica of the actor's params on a
   mesh of its local devices. Each row's sampling keys are folded from its *global* row index
   (`first_row`), so an episode samples the same tokens however the batch is split. After the
@@ -29,7 +29,6 @@ before.
 
 from __future__ import annotations
 
-import concurrent.futures
 import os
 
 import jax
@@ -73,15 +72,6 @@ def process0_first(fn, name: str):
     result = fn() if jax.process_index() == 0 else None
     multihost_utils.sync_global_devices(f"crl_jax.{name}")
     return result if jax.process_index() == 0 else fn()
-
-
-class InlineExecutor:
-    """A stand-in for the trainer's background thread that runs each job at once."""
-
-    def submit(self, fn, *args):
-        future = concurrent.futures.Future()
-        future.set_result(fn(*args))
-        return future
 
 
 def _payload(obj) -> np.ndarray:
@@ -172,73 +162,6 @@ class Hosts:
         """Replicated global arrays back onto the shardings of the host-local tree `like`."""
         return jax.tree.map(lambda x, ref: jax.device_put(np.asarray(x.addressable_data(0)),
                                                           ref.sharding), tree, like)
-
-    # ---- one rollout -----------------------------------------------------------------------
-    def rollout(self, trainer, specs, step: int, use_memory: bool, seed: int, allow_tools: bool,
-                count_retrievals: bool):
-        """`Trainer.rollout` for a multi-host run: this host's rows, then the whole batch on
-        every host (see the module docstring)."""
-        from crl_jax.rollout.actor import retrieval_query
-
-        rows = self.share(len(specs))
-        local = list(specs[rows])
-        guards = trainer.envs_for(local)
-        firsts = []
-        for guard, spec in zip(guards, local):
-            first, error = guard.call("reset", spec.seed)
-            if error:
-                trainer_log().warning("reset of %s seed %d failed: %s", spec.task, spec.seed, error)
-            firsts.append(first)
-        experience = trainer.experience
-        all_entries = [None] * len(specs)
-        if use_memory:
-            mine = [(rows.start + i, retrieval_query(firsts[i][1].get("goal", ""), firsts[i][0]),
-                     spec.task) for i, spec in enumerate(local) if spec.guided and firsts[i] is not None]
-            wanted = [q for host in self.allgather(mine) for q in host]
-            if wanted:  # every host makes the same call, so every bank counts the same retrievals
-                found = experience.retrieve([q for _, q, _ in wanted], [t for _, _, t in wanted], step,
-                                            count=count_retrievals)
-                for (row, _, _), entry in zip(wanted, found):
-                    all_entries[row] = entry
-        entries = all_entries[rows]
-        tools = [use_memory and allow_tools and s.guided for s in local]
-        refine = None
-        if use_memory and allow_tools:
-            refine = experience.refiner(self.local_params(trainer.extractor_state.params, "extractor"),
-                                        step, count=count_retrievals)
-        actor_params = self.local_params(trainer.actor_state.params, "actor")
-        by_env = {id(g.env): g for g in guards}
-        marks: list = []
-        refinements_before = experience.stats["refinements"] if experience is not None else 0
-        run = lambda: trainer.actor_loop.run(  # noqa: E731
-            actor_params, [g.env for g in guards], local, entries, seed, refine=refine,
-            tool_enabled=tools, first_observations=firsts,
-            guarded_call=lambda env, method, *args: by_env[id(env)].call(method, *args),
-            first_row=rows.start)
-        if experience is not None:
-            with experience.manager.deferred_marks() as marks:
-                trajectories = run()
-        else:
-            trajectories = run()
-        for traj, first in zip(trajectories, firsts):
-            if first is None:
-                traj.end_reason = "env_error: reset failed"
-        refinements = (experience.stats["refinements"] - refinements_before) if experience else 0
-        hosts = self.allgather((trajectories, marks, refinements))
-        if experience is not None:
-            for _, host_marks, _ in hosts:  # replayed in process order: the banks stay identical
-                for ids, mark_step in host_marks:
-                    experience.manager.mark_shown(ids, mark_step)
-            total = refinements_before + sum(n for _, _, n in hosts)
-            if total or "refinements" in experience.stats:  # no zero entry a 1-process run lacks
-                experience.stats["refinements"] = total
-        return [t for host_trajs, _, _ in hosts for t in host_trajs], all_entries
-
-
-def trainer_log():
-    import logging
-
-    return logging.getLogger("crl_jax")
 
 
 class WriterExtractor:

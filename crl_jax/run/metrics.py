@@ -153,6 +153,26 @@ def aggregate_episodes(episodes: Sequence[Mapping[str, object]], prefix: str,
     return out
 
 
+# The experience service's cumulative counters behind the per-step retrieval metrics.
+_COUNTED = ((BANK_RETRIEVALS, "retrievals"), (BANK_RETRIEVAL_HITS, "retrieval_hits"),
+            (BANK_REFINEMENTS, "refinements"))
+
+
+def retrieval_counts(stats: Mapping[str, int]) -> dict[str, int]:
+    """The retrieval counters, by metric name; a step's metrics are the difference of two reads.
+    Read key by key: a background distillation may be adding other keys meanwhile."""
+    return {name: stats[counter] for name, counter in _COUNTED}
+
+
+def bank_metrics(manager) -> dict[str, float]:
+    """The bank's live size, and the share of its live entries ever shown to the actor."""
+    live = len(manager.store)  # the store holds one text per live bank entry
+    with manager.lock:  # the bank functions donate the bank; never read it mid-write
+        bank = manager.bank
+        shown = int((bank.valid & (bank.retrieval_count > 0)).sum())  # one reduction on device
+    return {BANK_SIZE: float(live), BANK_RETRIEVED_SHARE: shown / max(live, 1)}
+
+
 def _default_enabled() -> bool:
     import jax  # deferred: the report CLI reads key names without starting a backend
 

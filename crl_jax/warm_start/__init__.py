@@ -31,74 +31,29 @@ the logs alone can tell whether two runs really started from the same actor.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
-import hashlib
 import logging
 import os
-import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
-import jax
 import numpy as np
 
+from crl_jax.config import WarmStartConfig
+from crl_jax.rl.state import TrainState
 from crl_jax.run import graceful_stop
 from crl_jax.run import metrics as metrics_lib
-from crl_jax.run.checkpoint import Checkpointer, CheckpointError, config_digest
-from crl_jax.config import RunConfig, WarmStartConfig
-from crl_jax.memory import ops, prompts
-from crl_jax.rl.sft import make_sft_step, sft_batch
-from crl_jax.rl.state import OptimizerConfig, TrainState, make_optimizer, state_shardings
 from crl_jax.warm_start import demos as demos_lib
+from crl_jax.warm_start.cache import (HalfCache, actor_settings, cache_digest, cache_identity,
+                                      params_fingerprint)
+from crl_jax.warm_start.probe import (PROBE_EPISODES, PROBE_MERGES, PROBE_WARN_BELOW, Generate,
+                                      probe_extractor)
+from crl_jax.warm_start.supervised import rows_per_batch, train_supervised
 
 log = logging.getLogger("crl_jax")
 
-__all__ = ["WarmStartInputs", "run_warm_start", "length_bucket", "rows_per_batch", "cache_identity",
-           "probe_extractor", "params_fingerprint"]
-
-# The extractor probe: this many scripted episodes it was not trained on (unguided, with more
-# random actions than the demos, like the failing episodes RL starts from), each distilled once.
-PROBE_EPISODES = 32
-PROBE_EPSILONS = (0.25, 0.5, 1.0)
-# ... and this many merge calls, each on 2 to warm_start.merge_lessons of the probed families'
-# lessons (drawn afresh, so chunks the SFT did not show, of lessons it did).
-PROBE_MERGES = 16
-# Below this share of parsed distillations the bank would stay (nearly) empty: warn.
-PROBE_WARN_BELOW = 0.25
-
-# (extractor params, conversations) -> the extractor's reply to each, sampled as in RL.
-Generate = Callable[[object, Sequence[Sequence[dict]]], list[str]]
-
-
-# WarmStartConfig fields that only the extractor's half reads.
-EXTRACTOR_SETTINGS = ("extractor_steps", "merge_examples", "merge_lessons", "extractor_learning_rate")
-
-
-def _actor_settings(cfg: WarmStartConfig) -> dict:
-    return {k: v for k, v in dataclasses.asdict(cfg).items() if k not in EXTRACTOR_SETTINGS}
-
-
-def cache_identity(cfg: RunConfig) -> dict:
-    """Every setting of a run that its warm start depends on, from its config alone, by half:
-    {"actor": ..., "extractor": ... or None (no extractor)}.
-
-    Runs with equal halves build the same warm start of that half (up to the last bit of CPU
-    reductions): the trainer keys each cache on it (plus the tokenizer's fingerprint, a property of
-    the built vocabulary), and experiments/reproduce.py shares finished caches between runs by it.
-    How a run uses experience afterwards (search, merging, frozen roles, ...) is left out: the
-    actor's demos do not depend on it.
-    """
-    actor = {"warm_start": _actor_settings(cfg.warm_start), "tasks": list(cfg.tasks), "seed": cfg.seed,
-             "tokenizer": cfg.tokenizer, "actor": dataclasses.asdict(cfg.actor),
-             "max_turns": cfg.rollout.max_turns, "actor_max_len": cfg.rl.max_seq_len}
-    extractor = None
-    if cfg.memory.enabled:
-        extractor = {"warm_start": {k: getattr(cfg.warm_start, k) for k in EXTRACTOR_SETTINGS},
-                     "model": dataclasses.asdict(cfg.extractor_model),
-                     "cache_length": cfg.extractor.cache_length,
-                     "max_new_tokens": cfg.extractor.max_new_tokens}
-    return {"actor": actor, "extractor": extractor}
+__all__ = ["WarmStartInputs", "run_warm_start", "summary_metrics", "rows_per_batch", "cache_identity",
+           "probe_extractor", "params_fingerprint", "PROBE_EPISODES", "PROBE_MERGES"]
 
 
 @dataclasses.dataclass
@@ -123,157 +78,6 @@ class WarmStartInputs:
     stop_signal: Callable[[], int] | None = None
 
 
-def length_bucket(n: int, cap: int, granule: int = 256) -> int:
-    """The padded length for a sequence of `n` tokens: the next multiple of `granule`, at most
-    `cap`. Coarse enough that a run compiles each step for a handful of shapes only."""
-    return min(max(granule, -(-n // granule) * granule), cap)
-
-
-def rows_per_batch(length: int, batch_size: int, tokens_per_batch: int = 0) -> int:
-    """Rows of a batch padded to `length`: `batch_size`, or with a token budget as many as fit it
-    (at least one, at most `batch_size`), so short and long examples cost about the same per step."""
-    if tokens_per_batch <= 0:
-        return batch_size
-    return max(1, min(batch_size, tokens_per_batch // length))
-
-
-def _batches(examples, batch_size: int, cap: int, rng: np.random.Generator, granule: int = 256,
-             tokens_per_batch: int = 0):
-    """Endless shuffled batches, each from one length bucket (few shapes, so few compilations)."""
-    by_bucket: dict[int, list[int]] = {}
-    for i, (ids, *_) in enumerate(examples):
-        by_bucket.setdefault(length_bucket(len(ids), cap, granule), []).append(i)
-    while True:
-        batches = []
-        for length, rows in by_bucket.items():
-            rows = list(rng.permutation(rows))
-            n = rows_per_batch(length, batch_size, tokens_per_batch)
-            batches += [(length, rows[k:k + n]) for k in range(0, len(rows), n)]
-        for b in rng.permutation(len(batches)):
-            yield batches[b]
-
-
-def train_supervised(name: str, state: TrainState, examples, *, steps: int, batch_size: int,
-                     learning_rate: float, max_len: int, mesh, seed: int,
-                     writer: metrics_lib.MetricsWriter, step_offset: int,
-                     granule: int = 256, tokens_per_batch: int = 0) -> tuple[object, dict]:
-    """`steps` supervised updates of `state`'s params on `examples`; returns (params, summary).
-    The RL optimiser state is untouched: the warm start has its own AdamW. Batches are padded to
-    a multiple of `granule` tokens (at most `max_len`) and hold `batch_size` rows, or with
-    `tokens_per_batch` as many as fit that many tokens (`rows_per_batch`)."""
-    tx = make_optimizer(OptimizerConfig(learning_rate=learning_rate, max_grad_norm=1.0))
-    sft_state = TrainState.create(state.graphdef, state.params, tx, jax.random.PRNGKey(seed))
-    # Its fresh Adam moments are sharded like the params they track (the step donates the state,
-    # so the caller's params are consumed: it takes the returned ones).
-    sft_state = jax.device_put(sft_state, state_shardings(mesh, sft_state))
-    step_fns: dict[int, object] = {}
-    batches = _batches(examples, batch_size, max_len, np.random.default_rng([seed, 11]), granule,
-                       tokens_per_batch)
-    losses = []
-    progress = metrics_lib.Progress(steps, keys=(f"{name}/loss",), every=max(1, steps // 10))
-    for i in range(steps):
-        length, rows = next(batches)
-        batch = sft_batch([examples[r] for r in rows], length,
-                          rows_per_batch(length, batch_size, tokens_per_batch))
-        if length not in step_fns:
-            step_fns[length] = make_sft_step(mesh, sft_state, batch)
-        sft_state, out = step_fns[length](sft_state, batch)
-        out = {f"{name}/{k}": float(v) for k, v in jax.device_get(out).items()}
-        losses.append(out[f"{name}/loss"])
-        writer.write(step_offset + i, out)
-        progress.update(i + 1, out)
-    progress.close()
-    head = losses[:max(1, len(losses) // 10)]
-    tail = losses[-max(1, len(losses) // 10):]
-    return sft_state.params, {"steps": steps, "examples": len(examples),
-                              "loss_first": float(np.mean(head)) if losses else None,
-                              "loss_last": float(np.mean(tail)) if losses else None}
-
-
-def probe_extractor(params, generate: Generate, tasks: Sequence[dict], *, max_turns: int, seed: int,
-                    merges: int = PROBE_MERGES, merge_lessons: int = 4) -> dict:
-    """Parse outcomes of the extractor's distillations of fresh scripted episodes of `tasks`
-    (ops.parse_operations reasons) and of its merges of `merges` chunks of 2 to `merge_lessons`
-    of their families' lessons (ops.parse_merge reasons); `parsed` and `merge_parsed` are the
-    shares that parse (an operation or return(); merged items or <<<RETURN>>>).
-
-    The warm start's SFT loss does not say whether the extractor writes well-formed operations:
-    with six task families, 120 steps ended at loss 1.7 and no distillation of a run parsed; and
-    with 16 merge examples among ~700, none of a run's merges parsed."""
-    if merges and merge_lessons < 2:
-        raise ValueError(f"a merge chunk needs >= 2 lessons; got merge_lessons={merge_lessons}")
-    demos = demos_lib.collect_demos(tasks, max_turns=max_turns, epsilons=PROBE_EPSILONS,
-                                    guided_fraction=0.0, search_fraction=0.0, tools=True, seed=seed)
-    replies = generate(params, [prompts.distill_messages(d.facts.success, d.messages, []) for d in demos])
-    parses = [ops.parse_operations(text, 0) for text in replies]
-    out = {"episodes": len(demos), "parsed": sum(p.ok for p in parses) / max(1, len(demos)),
-           "outcomes": dict(collections.Counter(p.reason for p in parses))}
-    chunks = demos_lib.lesson_chunks(sorted({t["env"] for t in tasks}), merges, merge_lessons,
-                                     np.random.default_rng([seed, 11]))
-    if chunks:
-        reasons = [ops.parse_merge(text)[1] for text in
-                   generate(params, [prompts.merge_messages([demos_lib.render(e) for e in c])
-                                     for c in chunks])]
-        out.update(merges=len(chunks), merge_parsed=sum(r in ("ok", "return") for r in reasons) / len(chunks),
-                   merge_outcomes=dict(collections.Counter(reasons)))
-    return out
-
-
-def _digest(settings: dict, identity: dict, inputs: WarmStartInputs) -> str:
-    # The settings passed in, not only the run's identity, so a direct call with another
-    # WarmStartConfig cannot pick up a cache built under different settings; and the tokenizer
-    # itself, since the same config built a different one before the word tokenizer spelled out
-    # unknown words (a cache copied from such a run is recomputed).
-    return config_digest({"identity": identity, "warm_start": settings,
-                          "tokenizer": inputs.tokenizer.fingerprint})
-
-
-class _Cache:
-    """One half's folder: its checkpoint (params + summary) and its training curves."""
-
-    def __init__(self, folder: str, digest: str):
-        self.folder, self.digest = folder, digest
-        self.checkpointer = self._open()
-
-    def _open(self) -> Checkpointer:
-        return Checkpointer(os.path.join(self.folder, "checkpoint"), max_to_keep=1, async_save=False,
-                            digest=self.digest)
-
-    def load(self, params) -> tuple[object, dict] | None:
-        """(params, summary) if a usable cache is there; an unusable one is deleted."""
-        if self.checkpointer.latest_step() is None:
-            return None
-        try:
-            _, tree, summary = self.checkpointer.restore({"params": params})
-        except CheckpointError as err:
-            log.warning("warm start cache in %s is unusable (%s); recomputing", self.folder, err)
-            self.checkpointer.close()
-            shutil.rmtree(self.folder)
-            self.checkpointer = self._open()
-            return None
-        log.info("warm start: reusing %s (built in %.0f s)", self.folder, summary.get("time_s", 0.0))
-        return tree["params"], summary
-
-    def save(self, params, summary: dict) -> None:
-        self.checkpointer.save(1, {"params": params}, summary)
-        self.checkpointer.wait()
-
-
-def params_fingerprint(params) -> int | None:
-    """A 48-bit fingerprint of `params`: sha256 over each leaf's path, dtype, shape and bytes, cut
-    to 48 bits so that it is exact as a float64 metric. Equal fingerprints mean bitwise-equal
-    weights (up to a 2^-48 chance). None where a leaf is not wholly held by this process (a
-    multi-host model; the warm start is meant for tiny ones)."""
-    digest = hashlib.sha256()
-    for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
-        if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
-            return None
-        value = np.ascontiguousarray(jax.device_get(leaf))
-        digest.update(f"{jax.tree_util.keystr(path)}|{value.dtype}|{value.shape}|".encode())
-        digest.update(value.tobytes())
-    return int(digest.hexdigest()[:12], 16)
-
-
 def _result(actor: tuple, extractor: tuple | None):
     """(actor params, extractor params or None, summary) from each half's (params, summary): the
     actor's summary with its weights' fingerprint, the extractor's under "extractor", and the
@@ -293,13 +97,14 @@ def run_warm_start(cfg: WarmStartConfig, inputs: WarmStartInputs, workdir: str):
     `workdir/warm_start/{actor,extractor}` and trained only where its cache is missing. Raises
     graceful_stop.Stopped (next step 0) where `inputs.stop_signal` asks to stop between them."""
     folder = os.path.join(workdir, "warm_start")
-    actor_cache = _Cache(os.path.join(folder, "actor"),
-                         _digest(_actor_settings(cfg), inputs.identity["actor"], inputs))
+    fingerprint = inputs.tokenizer.fingerprint
+    actor_cache = HalfCache(os.path.join(folder, "actor"),
+                            cache_digest(actor_settings(cfg), inputs.identity["actor"], fingerprint))
     actor = actor_cache.load(inputs.actor_state.params)
     extractor_cache, extractor = None, None
     if inputs.extractor_state is not None:
-        extractor_cache = _Cache(os.path.join(folder, "extractor"),
-                                 _digest(dataclasses.asdict(cfg), inputs.identity, inputs))
+        extractor_cache = HalfCache(os.path.join(folder, "extractor"),
+                                    cache_digest(dataclasses.asdict(cfg), inputs.identity, fingerprint))
         extractor = extractor_cache.load(inputs.extractor_state.params)
     if actor is not None and (extractor_cache is None or extractor is not None):
         return _result(actor, extractor)
@@ -399,3 +204,22 @@ def _train_extractor(cfg: WarmStartConfig, inputs: WarmStartInputs, demos, folde
             log.warning("warm start: only %.0f%% of the extractor's distillations parse, so the bank "
                         "will stay nearly empty; raise warm_start.extractor_steps", 100 * probe["parsed"])
     return params, {"extractor": summary, "time_s": time.perf_counter() - started}
+
+
+def summary_metrics(summary: dict) -> dict[str, float]:
+    """The warm start's summary as the metrics logged with the first RL step."""
+    out = {"warm_start/actor_loss": summary["actor"]["loss_last"] or 0.0,
+           "warm_start/demo_success": summary["demos"]["success"],
+           "warm_start/time_s": summary.get("time_s", 0.0)}
+    if summary.get("actor_fingerprint") is not None:  # which actor RL starts from
+        out["warm_start/actor_fingerprint"] = summary["actor_fingerprint"]
+    if "actor_window" in summary:
+        out["warm_start/actor_window_loss"] = summary["actor_window"]["loss_last"] or 0.0
+    if "extractor" in summary:
+        out["warm_start/extractor_loss"] = summary["extractor"]["loss_last"] or 0.0
+        if "probe" in summary["extractor"]:  # absent from caches made before the probe
+            probe = summary["extractor"]["probe"]
+            out["warm_start/extractor_parsed"] = probe["parsed"]
+            if "merge_parsed" in probe:   # absent from caches made before the merge probe
+                out["warm_start/extractor_merge_parsed"] = probe["merge_parsed"]
+    return out

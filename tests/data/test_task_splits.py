@@ -61,14 +61,13 @@ def test_bad_arguments_are_clear(tmp_path):
     assert task_seeds("test", 2) == [TEST_SEED_BASE, TEST_SEED_BASE + 1]
 
 
-def test_trainer_splits_grow_with_the_evaluation_size(tmp_path):
+def test_run_task_specs_grow_with_the_evaluation_size(tmp_path):
     """Asking for more test tasks than the default 100 appends tasks: the first 100 stay the same,
     so before/after numbers of runs with different evaluation sizes share their first rooms."""
-    from crl_jax.data import DEFAULT_NUM_TEST
-    from crl_jax.trainer import task_splits
+    from crl_jax.data import DEFAULT_NUM_TEST, task_specs
 
-    default = task_splits(["sokoban/6x6-2box"], str(tmp_path), min_test=16)
-    larger = task_splits(["sokoban/6x6-2box"], str(tmp_path), min_test=130)
+    default = task_specs(["sokoban/6x6-2box"], str(tmp_path), min_test=16)
+    larger = task_specs(["sokoban/6x6-2box"], str(tmp_path), min_test=130)
     assert len(default["test"]) == DEFAULT_NUM_TEST == 100 and len(larger["test"]) == 130
     assert larger["test"][:DEFAULT_NUM_TEST] == default["test"]
     assert larger["train"] == default["train"]

@@ -48,7 +48,7 @@ def main(out: str, devices: int, sections: dict) -> None:
               "extractor": gathered(trainer.extractor_state.params),
               "actor_step": int(trainer.actor_state.step),
               "extractor_step": int(trainer.extractor_state.step),
-              "buffer": trainer.buffer.to_json()}
+              "buffer": trainer.credit.buffer.to_json()}
     manager = trainer.experience.manager
     result["bank"] = {k: v for k, v in vars(jax.device_get(manager.bank)).items()}
     result["store"] = manager.store.to_json()

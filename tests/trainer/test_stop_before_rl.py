@@ -10,6 +10,7 @@ import pytest
 
 from crl_jax.run import graceful_stop
 from crl_jax import trainer as trainer_lib
+from crl_jax.run import evaluation
 from crl_jax import warm_start as warm_start_lib
 
 from tests.trainer.test_warm_start_run import WARM
@@ -72,7 +73,7 @@ def test_sigterm_in_the_actor_half_stops_after_it_and_the_rerun_trains_only_the_
 def test_sigterm_in_the_start_evaluation_stops_after_it_and_the_rerun_reuses_it(
         make_config, tmp_path, monkeypatch, sigterm_handler):
     cfg = make_config(**WARM)
-    evaluate = trainer_lib.Trainer.evaluate
+    evaluate = evaluation.Evaluator.evaluate
     calls = []
 
     def evaluate_then_sigterm(self, step, salt=100):
@@ -82,11 +83,11 @@ def test_sigterm_in_the_start_evaluation_stops_after_it_and_the_rerun_reuses_it(
             os.kill(os.getpid(), signal.SIGTERM)
         return out
 
-    monkeypatch.setattr(trainer_lib.Trainer, "evaluate", evaluate_then_sigterm)
+    monkeypatch.setattr(evaluation.Evaluator, "evaluate", evaluate_then_sigterm)
     with pytest.raises(graceful_stop.Stopped) as stopped:
         trainer_lib.Trainer(cfg, str(tmp_path)).run()
     assert stopped.value.next_step == 0 and calls == [200]
-    kept = json.loads((tmp_path / trainer_lib.START_EVAL_FILE).read_text())["metrics"]
+    kept = json.loads((tmp_path / evaluation.START_EVAL_FILE).read_text())["metrics"]
     assert kept["eval/without_exp/episodes"] == 4
     assert _rows(tmp_path) == [] and not os.listdir(tmp_path / "checkpoints")
 
@@ -94,7 +95,7 @@ def test_sigterm_in_the_start_evaluation_stops_after_it_and_the_rerun_reuses_it(
         calls.append(salt)
         return evaluate(self, step, salt)
 
-    monkeypatch.setattr(trainer_lib.Trainer, "evaluate", evaluate_counted)
+    monkeypatch.setattr(evaluation.Evaluator, "evaluate", evaluate_counted)
     rerun = trainer_lib.Trainer(cfg, str(tmp_path))
     rerun.run()
     assert calls == [200, 100]                       # only the final evaluation was played again
@@ -103,8 +104,8 @@ def test_sigterm_in_the_start_evaluation_stops_after_it_and_the_rerun_reuses_it(
     assert [r["step"] for r in _rows(tmp_path)] == [0, 1]
 
     # A start evaluation kept under another warm start (or configuration) is played again.
-    rerun.start_evaluation({"warm_start/actor_loss": -1.0})
+    rerun.evaluator.start_evaluation({"warm_start/actor_loss": -1.0})
     assert calls == [200, 100, 200]
-    (tmp_path / trainer_lib.START_EVAL_FILE).write_text('{"digest": ')   # not one it wrote
-    assert rerun.start_evaluation({})["eval/without_exp/episodes"] == 4
+    (tmp_path / evaluation.START_EVAL_FILE).write_text('{"digest": ')   # not one it wrote
+    assert rerun.evaluator.start_evaluation({})["eval/without_exp/episodes"] == 4
     assert calls == [200, 100, 200, 200]

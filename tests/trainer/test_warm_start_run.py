@@ -4,6 +4,7 @@ reported, and a restart of the run reuses its cache (in-process, nano models).""
 import json
 
 from crl_jax import trainer as trainer_lib
+from crl_jax.run import episodes
 from crl_jax.warm_start import params_fingerprint
 
 WARM = {
@@ -63,7 +64,7 @@ def test_warm_start_runs_before_rl_and_is_reported(make_config, tmp_path):
     # A resumed run drops the sample lines of the steps it replays, and any torn line.
     with open(tmp_path / "samples.jsonl", "a") as f:
         f.write('{"step": 1, "epis')
-    trainer_lib.keep_samples_before(str(tmp_path / "samples.jsonl"), 1)
+    episodes.keep_samples_before(str(tmp_path / "samples.jsonl"), 1)
     assert [json.loads(line)["step"] for line in (tmp_path / "samples.jsonl").read_text().splitlines()] == [0]
 
     # Another start of the same run reuses the cached warm start.

@@ -1,0 +1,108 @@
+"""The RL update of one step, from the host: batches padded to length buckets, the jitted train
+step compiled once per batch shape, and states in, new states out.
+
+Colocated roles run the joint train step (actor and extractor in one program). Disjoint role
+meshes (crl_jax/roles.py) run one step per role, each the joint step restricted to one model, so
+the result equals the colocated update. A multi-host run assembles the global batch from the
+copies every host holds, and pads to the full length so every host builds the same shapes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+from jax.sharding import NamedSharding, PartitionSpec
+
+from crl_jax.config import ConfigError
+from crl_jax.rl import aot, memory_fit
+from crl_jax.rl.batch import TrainBatch, batch_shardings
+from crl_jax.rl.state import state_shardings
+from crl_jax.rl.train_step import TrainConfig, make_train_step, train_step
+from crl_jax.rollout.trajectory import to_policy_batch
+from crl_jax.shapes import length_bucket
+
+
+def make_extractor_step(cfg: TrainConfig, mesh, extractor_state, extractor_batch):
+    """The joint train step restricted to the extractor, jitted on the extractor's mesh."""
+    cfg = dataclasses.replace(cfg, update_actor=False)
+
+    def step(state, batch):
+        _, state, metrics = train_step(None, state, TrainBatch(None, batch), cfg=cfg)
+        return state, metrics
+
+    state_sh = state_shardings(mesh, extractor_state)
+    batch_sh = batch_shardings(mesh, extractor_batch)
+    return jax.jit(step, in_shardings=(state_sh, batch_sh),
+                   out_shardings=(state_sh, NamedSharding(mesh, PartitionSpec())), donate_argnums=(0,))
+
+
+class Updater:
+    def __init__(self, cfg: TrainConfig, mesh, extractor_mesh, max_seq_len: int, hosts=None):
+        self.cfg, self.mesh, self.extractor_mesh = cfg, mesh, extractor_mesh
+        self.max_seq_len, self.hosts = max_seq_len, hosts
+        self._step_fns: dict = {}
+
+    @property
+    def colocated(self) -> bool:
+        return self.extractor_mesh is self.mesh
+
+    def __call__(self, actor_state, extractor_state, trajectories, extractor_batch):
+        """(actor state, extractor state, metrics) after one update on this step's episodes and,
+        if given, the extractor's batch. The states passed in are donated."""
+        # Pad to a length bucket, not to max_seq_len: short episodes train at a fraction of the
+        # cost, and the few bucket shapes each compile once.
+        longest = max(len(t.tokens) for t in trajectories)
+        length = self.max_seq_len if self.hosts else length_bucket(longest, self.max_seq_len)
+        actor_batch = to_policy_batch(trajectories, length)
+        if not self.colocated:
+            return self._split(actor_state, extractor_state, actor_batch, extractor_batch)
+        batch = TrainBatch(actor_batch, extractor_batch)
+        if self.hosts:
+            batch = self.hosts.global_batch(batch, self.mesh)
+        key = (actor_batch.tokens.shape, None if extractor_batch is None else extractor_batch.tokens.shape)
+        if key not in self._step_fns:
+            self._step_fns[key] = make_train_step(self.cfg, self.mesh, actor_state, extractor_state, batch)
+        actor_state, extractor_state, metrics = self._step_fns[key](actor_state, extractor_state, batch)
+        return actor_state, extractor_state, _floats(metrics)
+
+    def _split(self, actor_state, extractor_state, actor_batch, extractor_batch):
+        """One update with disjoint role meshes: the actor's step on its mesh, the extractor's on
+        its own."""
+        fns, metrics = self._step_fns, {}
+        if self.cfg.update_actor:
+            batch = TrainBatch(actor_batch)
+            if "actor" not in fns:
+                fns["actor"] = make_train_step(self.cfg, self.mesh, actor_state, None, batch)
+            actor_state, _, actor_metrics = fns["actor"](actor_state, None, batch)
+            metrics.update(actor_metrics)
+        if extractor_batch is not None:
+            if "extractor" not in fns:
+                fns["extractor"] = make_extractor_step(self.cfg, self.extractor_mesh, extractor_state,
+                                                       extractor_batch)
+            extractor_state, ext_metrics = fns["extractor"](extractor_state, extractor_batch)
+            metrics.update(ext_metrics)  # already named "extractor/..."
+        return actor_state, extractor_state, _floats(metrics)
+
+    def check_fits(self, actor_state, extractor_state, rows: int, micro_batches: int,
+                   extractor_shape: tuple[int, int] | None) -> None:
+        """Compile the update at its largest shapes (abstract inputs: nothing is allocated or run)
+        and raise a ConfigError if it cannot fit on one device, so an oversized run stops here
+        rather than at its first update, after the warm start. Checked for the colocated
+        single-host update; role-split and multi-host updates compile per role and host."""
+        if self.hosts or not self.colocated:
+            return
+        compiled = aot.compile_update(self.cfg, self.mesh, actor_state, extractor_state,
+                                      (rows, self.max_seq_len), extractor_shape)
+        short = memory_fit.shortfall(compiled, self.mesh.devices.flat[0])
+        if short:
+            need, have = (b / 2**30 for b in short)
+            raise ConfigError([
+                f"rl.micro_batches: the update of {rows} actor sequences x {self.max_seq_len} "
+                f"tokens (rl.max_seq_len) needs {need:.1f} GiB on one device, which holds "
+                f"{have:.1f} GiB; raise rl.micro_batches (now {micro_batches}; it must "
+                f"divide {rows}) or lower rl.max_seq_len"])
+
+
+def _floats(metrics) -> dict[str, float]:
+    return {k: float(v) for k, v in jax.device_get(metrics).items()}
