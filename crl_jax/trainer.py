@@ -1,20 +1,18 @@
 """Wiring of a Complementary RL run: meshes, models, samplers, the bank, the loop, checkpoints.
 
 One step (see the paper's co-evolution schedule):
-  1. join the previous step's background distillation (its bank writes land now);
-  2. merge the bank every `memory.merge_every` steps;
-  3. draw `groups_per_step` tasks; per task K rollouts with the same seed, the first
+  1. join the previous step's distillation (rollout/distillation.py); merge the bank every
+     `memory.merge_every` steps;
+  2. draw `groups_per_step` tasks; per task K rollouts with the same seed, the first
      `free_per_group` experience-free and the rest experience-guided (top-1 retrieved entry in the
      system prompt from the end of warm-up on, search-and-ask available): rollout/collect.py;
-  4. credit each used extractor generation with the episode outcome (+1/-1) in B_phi, and draw
+  3. credit each used extractor generation with the episode outcome (+1/-1) in B_phi, and draw
      the extractor's Eq. 7-weighted batch once B_phi holds one: rollout/credit.py;
-  5. after warm-up: one joint train step (actor; extractor too when it has a batch): rl/updater.py;
-     the distillation of this step's guided episodes runs on a background thread meanwhile,
-     except when the extractor itself is being updated (its weights are donated to the step);
-  6. log, evaluate every `eval.every` steps (run/evaluation.py), checkpoint every
+  4. after warm-up: one joint train step (rl/updater.py), while this step's guided episodes are
+     distilled in the background (in the foreground when the extractor is being updated);
+  5. log, evaluate every `eval.every` steps (run/evaluation.py), checkpoint every
      `checkpoint.every` steps, and after a SIGTERM / SIGINT (graceful_stop): checkpoint this step
-     and stop (before the first step: stop after the warm-start half or the start evaluation in
-     progress, each kept).
+     and stop (before the first step: after the warm-start half or start evaluation in progress).
 All randomness is derived from (seed, step), so a resumed run repeats an uninterrupted one.
 """
 
@@ -36,12 +34,12 @@ from crl_jax.rollout.collect import RolloutCollector
 from crl_jax.rollout.credit import ExtractorCredit
 from crl_jax.rollout.distillation import DistillationQueue
 from crl_jax.rollout.task_stream import TaskStream
-from crl_jax.rollout.trajectory import EpisodeSpec
+from crl_jax.rollout.trajectory import EpisodeSpec, group_specs
 from crl_jax.run import build, distributed, episodes, graceful_stop, workdir_lock
 from crl_jax.run import metrics as metrics_lib
 from crl_jax.run.checkpoint import Checkpointer
 from crl_jax.run.evaluation import Evaluator, episode_seed
-from crl_jax.warm_start import WarmStartInputs, cache_identity, run_warm_start, summary_metrics
+from crl_jax.warm_start import summary_metrics, warm_start_states
 
 log = logging.getLogger("crl_jax")
 
@@ -72,20 +70,18 @@ class Trainer:
                 self.rollout_mesh if self.hosts else self.extractor_mesh, self.hosts)
         self.collector = RolloutCollector(self.actor_loop, self.experience, cfg.rollout.step_timeout_s,
                                           self.hosts)
-        e = cfg.extractor
-        self.credit = ExtractorCredit(e.batch_size, e.cache_length, e.cooldown_steps, e.weight_power,
-                                      self.tokenizer.pad_id, fixed_length=self.hosts is not None)
+        self.credit = ExtractorCredit.from_config(cfg.extractor, self.tokenizer.pad_id,
+                                                  fixed_length=self.hosts is not None)
         self.distillation = DistillationQueue(self.experience, self.credit, inline=self.hosts is not None)
         self._carry: dict = {}  # counts of a distillation joined by a checkpoint, for the next row
 
+        per_env = cfg.eval.tasks_per_env
         splits = distributed.process0_first(
-            lambda: task_specs(cfg.tasks, cfg.data_dir or os.path.join(workdir, "tfds"),
-                               min_test=cfg.eval.tasks_per_env), "task_splits")
+            lambda: task_specs(cfg.tasks, cfg.data_dir or os.path.join(workdir, "tfds"), min_test=per_env,
+                               test_per_env=per_env), "task_splits")
         self.train_tasks = splits["train"]
         self.stream = TaskStream(splits["train"], cfg.seed)
-        test_tasks = [t for name in cfg.tasks
-                      for t in [t for t in splits["test"] if t["env"] == name][:cfg.eval.tasks_per_env]]
-        self.evaluator = Evaluator(cfg, test_tasks, self._play_evaluation, self.experience is not None,
+        self.evaluator = Evaluator(cfg, splits["test"], self._play_evaluation, self.experience is not None,
                                    workdir, self.hosts)
         self.checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"),
                                          max_to_keep=cfg.checkpoint.keep, digest=build.run_digest(cfg))
@@ -100,18 +96,12 @@ class Trainer:
     def _play_evaluation(self, specs, step: int, use_memory: bool, seed: int):
         return self.rollout(specs, step, use_memory, seed, count_retrievals=False)[0]
 
-    def _episode_specs(self, tasks: list[dict]) -> list[EpisodeSpec]:
-        r = self.cfg.rollout
-        guided_from = r.free_per_group if self.experience is not None else r.group_size
-        return [EpisodeSpec(task["env"], int(task["seed"]), group, k >= guided_from)
-                for group, task in enumerate(tasks) for k in range(r.group_size)]
-
     def train_step(self, step: int, tasks: list[dict]) -> dict:
         cfg, experience = self.cfg, self.experience
         started = time.perf_counter()
-        background = {**self._carry, **self.distillation.join()}
+        metrics: dict[str, float] = {}
+        metrics_lib.add_counts(metrics, "distill", {**self._carry, **self.distillation.join()})
         self._carry = {}
-        metrics: dict[str, float] = {f"distill/{k}": v for k, v in background.items()}
         warm = experience is not None and step < cfg.memory.warmup_steps
         if experience is not None and cfg.memory.merge_every and step > 0:
             merged = experience.merge(self.extractor_state.params, step)
@@ -122,12 +112,13 @@ class Trainer:
         extractor_s = time.perf_counter() - started
 
         use_memory = experience is not None and not warm
-        before = metrics_lib.retrieval_counts(experience.stats) if experience is not None else {}
-        trajectories, entries = self.rollout(self._episode_specs(tasks), step, use_memory,
-                                             seed=episode_seed(cfg.seed, step, 0))
+        counts = metrics_lib.retrieval_counts
+        before = counts(experience.stats) if experience is not None else {}
+        r = cfg.rollout
+        specs = group_specs(tasks, r.group_size, r.free_per_group if experience is not None else r.group_size)
+        trajectories, entries = self.rollout(specs, step, use_memory, seed=episode_seed(cfg.seed, step, 0))
         if experience is not None:
-            after = metrics_lib.retrieval_counts(experience.stats)
-            metrics.update({k: float(after[k] - before[k]) for k in after})
+            metrics.update({k: float(n - before[k]) for k, n in counts(experience.stats).items()})
         metrics[metrics_lib.TIME_ACTOR_ROLLOUT] = self.actor_loop.last_timings["actor_rollout_s"]
         metrics.update(episodes.step_episode_metrics(trajectories))
         self.last_samples = episodes.sample_episodes(trajectories)
@@ -140,8 +131,7 @@ class Trainer:
         # Distillation in the foreground adds to the counts of last step's background one.
         distilled, seconds = self.distillation.submit(self.extractor_state.params, trajectories, entries,
                                                       step, in_background=extractor_batch is None)
-        for k, v in distilled.items():
-            metrics[f"distill/{k}"] = metrics.get(f"distill/{k}", 0) + v
+        metrics_lib.add_counts(metrics, "distill", distilled)
         extractor_s += seconds
         metrics[metrics_lib.TIME_EXTRACTOR] = extractor_s
 
@@ -163,8 +153,7 @@ class Trainer:
         state = {"next_step": next_step, **self.credit.state(), "carry": self._carry,
                  "stream": self.stream.state()}
         if self.experience is not None:
-            _, state["memory"] = self.experience.manager.state()
-            state["memory_reasons"] = dict(self.experience.stats)
+            state.update(self.experience.host_state())
         return state
 
     def device_state(self) -> dict:
@@ -192,9 +181,7 @@ class Trainer:
             bank = tree["bank"]
             if self.hosts:
                 bank = self.hosts.to_local(bank, self.experience.manager.bank)
-            self.experience.manager.restore(bank, host["memory"])
-            self.experience.stats.clear()
-            self.experience.stats.update(host["memory_reasons"])
+            self.experience.restore(bank, host)
         self.credit.restore(host)
         self.stream.restore(host["stream"])
         self._carry = dict(host["carry"])
@@ -204,10 +191,9 @@ class Trainer:
     def check_update_fits(self) -> None:
         """Stop an oversized run here, not at its first update after the warm start."""
         r, e = self.cfg.rollout, self.cfg.extractor
-        self.updater.check_fits(
-            self.actor_state, self.extractor_state, r.groups_per_step * r.group_size,
-            self.cfg.rl.micro_batches,
-            (e.batch_size, e.cache_length) if self.experience is not None and e.train else None)
+        self.updater.check_fits(self.actor_state, self.extractor_state, r.groups_per_step * r.group_size,
+                                self.cfg.rl.micro_batches, (e.batch_size, e.cache_length)
+                                if self.experience is not None and e.train else None)
 
     # ---- the loop --------------------------------------------------------------------------
     def run(self) -> dict:
@@ -216,9 +202,7 @@ class Trainer:
         start = self.restore()
         writer = metrics_lib.MetricsWriter(self.workdir)
         writer.resume_from(start - 1)
-        samples_path = os.path.join(self.workdir, "samples.jsonl")
-        if jax.process_index() == 0:
-            episodes.keep_samples_before(samples_path, start)
+        samples = episodes.SamplesLog(self.workdir, start, writes=jax.process_index() == 0)
         progress = metrics_lib.Progress(cfg.steps, keys=(metrics_lib.TRAIN_SUCCESS, metrics_lib.BANK_SIZE,
                                                          metrics_lib.TIME_STEP), every=cfg.log_every)
         last: dict = {}
@@ -230,9 +214,9 @@ class Trainer:
             try:
                 before_rl = self.before_rl(stop) if start == 0 else {}
                 for step in range(start, cfg.steps):
-                    last = self._run_step(step, before_rl, writer, samples_path, progress)
+                    last = self._run_step(step, before_rl, writer, samples, progress)
                     before_rl = {}
-                    stopping = self._stop_signal(stop)
+                    stopping = graceful_stop.agreed_signal(stop, self.hosts)
                     if (step + 1) % cfg.checkpoint.every == 0 or step + 1 == cfg.steps or stopping:
                         self.save(step + 1)
                     if stopping and step + 1 < cfg.steps:
@@ -253,13 +237,7 @@ class Trainer:
             raise stopped
         return last
 
-    def _stop_signal(self, stop: graceful_stop.StopRequests | None) -> int:
-        """The signal that asks the run to stop after this step (0: none). Hosts agree on it, so
-        all of them checkpoint the same step and stop together."""
-        signum = (stop.signum or 0) if stop is not None else 0
-        return max(self.hosts.allgather(signum)) if self.hosts and stop is not None else signum
-
-    def _run_step(self, step: int, before_rl: dict, writer, samples_path: str, progress) -> dict:
+    def _run_step(self, step: int, before_rl: dict, writer, samples, progress) -> dict:
         """One RL step with its evaluation (if due), logged; returns its metrics."""
         cfg = self.cfg
         metrics = {**before_rl, **self.train_step(step, self.stream.take(cfg.rollout.groups_per_step))}
@@ -267,16 +245,12 @@ class Trainer:
             # The evaluation with experience reads the bank: this step's distillation finishes
             # first, so what it sees does not depend on timing, and its counts (on the last
             # step the run's final pass) are logged in this step's row.
-            for k, v in self.distillation.join().items():
-                metrics[f"distill/{k}"] = metrics.get(f"distill/{k}", 0) + v
+            metrics_lib.add_counts(metrics, "distill", self.distillation.join())
             metrics.update(self.evaluator.evaluate(step))
         writer.write(step, metrics)
-        sample = {"step": step, "episodes": self.last_samples}
-        if self.experience is not None:  # taken on every host, so none accumulates them
-            sample["extractor"] = self.experience.take_output_samples()
-        if jax.process_index() == 0:
-            with open(samples_path, "a") as f:
-                f.write(json.dumps(sample) + "\n")
+        # Extractor outputs are taken on every host, so none accumulates them.
+        samples.append(step, self.last_samples,
+                       self.experience.take_output_samples() if self.experience is not None else None)
         progress.update(step + 1, metrics)
         return metrics
 
@@ -284,21 +258,12 @@ class Trainer:
     def warm_start(self, stop: graceful_stop.StopRequests | None = None) -> dict:
         """Behaviour cloning + extractor SFT (cached in the workdir); returns its summary. With
         `stop`, a stop asked for during the actor's half raises graceful_stop.Stopped after it."""
-        cfg = self.cfg
-        ext = self.extractor_state if self.experience is not None else None
-        inputs = WarmStartInputs(
-            tokenizer=self.tokenizer, mesh=self.mesh, actor_state=self.actor_state, extractor_state=ext,
-            train_tasks=self.train_tasks, max_turns=cfg.rollout.max_turns,
-            actor_max_len=cfg.rl.max_seq_len,
-            extractor_room=cfg.extractor.cache_length - cfg.extractor.max_new_tokens,
-            extractor_max_len=cfg.extractor.cache_length, seed=cfg.seed, identity=cache_identity(cfg),
-            extractor_mesh=self.extractor_mesh,
-            generate=self._extractor_replies if ext is not None else None,
-            stop_signal=(lambda: self._stop_signal(stop)) if stop is not None else None)
-        actor_params, extractor_params, summary = run_warm_start(cfg.warm_start, inputs, self.workdir)
-        self.actor_state = self.actor_state.replace(params=actor_params)
-        if extractor_params is not None:
-            self.extractor_state = self.extractor_state.replace(params=extractor_params)
+        with_extractor = self.experience is not None
+        self.actor_state, self.extractor_state, summary = warm_start_states(
+            self.cfg, self.workdir, self.tokenizer, self.train_tasks, self.mesh, self.extractor_mesh,
+            self.actor_state, self.extractor_state, with_extractor,
+            generate=self._extractor_replies if with_extractor else None,
+            stop_signal=lambda: graceful_stop.agreed_signal(stop, self.hosts))
         return summary
 
     def _extractor_replies(self, params, conversations) -> list[str]:
@@ -312,17 +277,13 @@ class Trainer:
         stop asked for meanwhile raises graceful_stop.Stopped(signum, 0) after the warm-start
         half or the evaluation it arrives in, each kept in the workdir for the rerun."""
         out = summary_metrics(self.warm_start(stop)) if self.cfg.warm_start.enabled else {}
-        self._raise_if_stopping(stop)
+        graceful_stop.raise_if_stopping(stop, self.hosts)
         if self.cfg.eval.at_start:
             start = self.evaluator.start_evaluation(out)
             out.update({f"{metrics_lib.START}/{k}": v for k, v in start.items()})
-            self._raise_if_stopping(stop)
+            graceful_stop.raise_if_stopping(stop, self.hosts)
         return out
 
-    def _raise_if_stopping(self, stop: graceful_stop.StopRequests | None) -> None:
-        signum = self._stop_signal(stop)
-        if signum:
-            raise graceful_stop.Stopped(signum, 0)
 
 
 def main(cfg: RunConfig, workdir: str) -> dict:

@@ -145,13 +145,18 @@ class _DecodedSource:
         return (self[i] for i in range(len(self)))
 
 
-def task_specs(names: Sequence[str], data_dir: str, min_test: int = 0) -> dict[str, list[dict]]:
+def task_specs(names: Sequence[str], data_dir: str, min_test: int = 0,
+               test_per_env: int | None = None) -> dict[str, list[dict]]:
     """{"train": [...], "test": [...]} task specs ({"env", "seed"}) for the environments `names`,
     as a run uses them (built into `data_dir` on first use). The test split holds
     DEFAULT_NUM_TEST tasks per environment, or `min_test` if that is more: a larger split only
-    appends tasks, so its first ones are the same in every split."""
+    appends tasks, so its first ones are the same in every split. With `test_per_env`, "test"
+    holds the first that many of each environment, environment by environment."""
     tfds.disable_progress_bar()  # the run has its own progress line
     num_test = max(DEFAULT_NUM_TEST, min_test)
     sources = load_task_splits(list(names), data_dir, num_test=num_test, with_goals=False)
-    return {split: [{"env": t["env_name"], "seed": t["seed"]} for t in sources[split]]
-            for split in ("train", "test")}
+    out = {split: [{"env": t["env_name"], "seed": t["seed"]} for t in sources[split]]
+           for split in ("train", "test")}
+    if test_per_env is not None:
+        out["test"] = [t for name in names for t in [t for t in out["test"] if t["env"] == name][:test_per_env]]
+    return out

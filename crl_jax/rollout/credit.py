@@ -32,6 +32,12 @@ class ExtractorCredit:
         self.trained_at = 0
         self._train_weights = jax.jit(bank_lib.train_weights)
 
+    @classmethod
+    def from_config(cls, cfg, pad_id: int, fixed_length: bool = False) -> ExtractorCredit:
+        """From the run's `extractor` section."""
+        return cls(cfg.batch_size, cfg.cache_length, cfg.cooldown_steps, cfg.weight_power, pad_id,
+                   fixed_length)
+
     def credit(self, trajectories, entries) -> None:
         """Add each guided episode's outcome to the generations it used."""
         for traj, entry in zip(trajectories, entries):

@@ -142,6 +142,16 @@ class ExperienceService:
         out.update({f"outcome/{k}": n - before.get(k, 0) for k, n in after.items() if n != before.get(k, 0)})
         return out
 
+    def host_state(self) -> dict:
+        """The text side of the bank and the counters, as JSON for a checkpoint's host state."""
+        _, memory = self.manager.state()
+        return {"memory": memory, "memory_reasons": dict(self.stats)}
+
+    def restore(self, bank, host: dict) -> None:
+        self.manager.restore(bank, host["memory"])
+        self.stats.clear()
+        self.stats.update(host["memory_reasons"])
+
     def _merge_outcomes(self) -> dict[str, int]:
         with self.manager.lock:
             return {k[len("merge_"):]: n for k, n in self.manager.reasons.items() if k.startswith("merge_")}

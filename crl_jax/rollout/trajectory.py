@@ -26,6 +26,13 @@ class EpisodeSpec:
     guided: bool
 
 
+def group_specs(tasks: list[dict], group_size: int, guided_from: int) -> list[EpisodeSpec]:
+    """A step's episodes: `group_size` per task (one GRPO group, one seed), those from index
+    `guided_from` on experience-guided."""
+    return [EpisodeSpec(task["env"], int(task["seed"]), group, k >= guided_from)
+            for group, task in enumerate(tasks) for k in range(group_size)]
+
+
 @dataclasses.dataclass
 class Trajectory:
     spec: EpisodeSpec

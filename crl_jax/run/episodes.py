@@ -50,6 +50,24 @@ def sample_episodes(trajectories, per_kind: int = 1) -> list[dict]:
             for t in picked]
 
 
+class SamplesLog:
+    """WORKDIR/samples.jsonl, one line per step: its sample episodes and the extractor outputs kept
+    meanwhile. Only process 0 writes; a resumed run first drops the lines it will replay."""
+
+    def __init__(self, workdir: str, start_step: int, writes: bool):
+        self.path, self.writes = os.path.join(workdir, "samples.jsonl"), writes
+        if writes:
+            keep_samples_before(self.path, start_step)
+
+    def append(self, step: int, episodes: list[dict], extractor: list[dict] | None) -> None:
+        sample = {"step": step, "episodes": episodes}
+        if extractor is not None:
+            sample["extractor"] = extractor
+        if self.writes:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(sample) + "\n")
+
+
 def keep_samples_before(path: str, step: int) -> None:
     """Drop the sample lines of steps >= `step` (a resumed run replays them) and any line torn by
     a crash, so samples.jsonl holds each step once."""

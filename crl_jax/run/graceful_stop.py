@@ -61,3 +61,19 @@ class StopRequests:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
         self._previous.clear()
+
+
+def agreed_signal(stop: StopRequests | None, hosts=None) -> int:
+    """The signal that asks the run to stop (0: none). Hosts of a multi-host run agree on it, so
+    all of them checkpoint the same step and stop together."""
+    if stop is None:
+        return 0
+    signum = stop.signum or 0
+    return max(hosts.allgather(signum)) if hosts else signum
+
+
+def raise_if_stopping(stop: StopRequests | None, hosts=None) -> None:
+    """Raise Stopped(signum, 0) where a stop was asked for before the first RL step."""
+    signum = agreed_signal(stop, hosts)
+    if signum:
+        raise Stopped(signum, 0)

@@ -164,6 +164,12 @@ def retrieval_counts(stats: Mapping[str, int]) -> dict[str, int]:
     return {name: stats[counter] for name, counter in _COUNTED}
 
 
+def add_counts(metrics: dict, prefix: str, counts: Mapping[str, float]) -> None:
+    """Add `counts` into `metrics` as "<prefix>/<key>", summed with any count already there."""
+    for k, v in counts.items():
+        metrics[f"{prefix}/{k}"] = metrics.get(f"{prefix}/{k}", 0) + v
+
+
 def bank_metrics(manager) -> dict[str, float]:
     """The bank's live size, and the share of its live entries ever shown to the actor."""
     live = len(manager.store)  # the store holds one text per live bank entry

@@ -39,7 +39,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from crl_jax.config import WarmStartConfig
+from crl_jax.config import RunConfig, WarmStartConfig
 from crl_jax.rl.state import TrainState
 from crl_jax.run import graceful_stop
 from crl_jax.run import metrics as metrics_lib
@@ -52,8 +52,8 @@ from crl_jax.warm_start.supervised import rows_per_batch, train_supervised
 
 log = logging.getLogger("crl_jax")
 
-__all__ = ["WarmStartInputs", "run_warm_start", "summary_metrics", "rows_per_batch", "cache_identity",
-           "probe_extractor", "params_fingerprint", "PROBE_EPISODES", "PROBE_MERGES"]
+__all__ = ["WarmStartInputs", "run_warm_start", "warm_start_states", "summary_metrics", "rows_per_batch",
+           "cache_identity", "probe_extractor", "params_fingerprint", "PROBE_EPISODES", "PROBE_MERGES"]
 
 
 @dataclasses.dataclass
@@ -204,6 +204,27 @@ def _train_extractor(cfg: WarmStartConfig, inputs: WarmStartInputs, demos, folde
             log.warning("warm start: only %.0f%% of the extractor's distillations parse, so the bank "
                         "will stay nearly empty; raise warm_start.extractor_steps", 100 * probe["parsed"])
     return params, {"extractor": summary, "time_s": time.perf_counter() - started}
+
+
+def warm_start_states(cfg: RunConfig, workdir: str, tokenizer, train_tasks: list[dict], mesh,
+                      extractor_mesh, actor_state: TrainState, extractor_state: TrainState,
+                      with_extractor: bool, generate: Generate | None = None,
+                      stop_signal: Callable[[], int] | None = None):
+    """A run's warm start (`run_warm_start` with the inputs its config gives): (actor state,
+    extractor state, summary), the states holding the warmed-up params. The extractor is
+    fine-tuned only `with_extractor` (a run with a bank)."""
+    inputs = WarmStartInputs(
+        tokenizer=tokenizer, mesh=mesh, actor_state=actor_state,
+        extractor_state=extractor_state if with_extractor else None,
+        train_tasks=train_tasks, max_turns=cfg.rollout.max_turns, actor_max_len=cfg.rl.max_seq_len,
+        extractor_room=cfg.extractor.cache_length - cfg.extractor.max_new_tokens,
+        extractor_max_len=cfg.extractor.cache_length, seed=cfg.seed, identity=cache_identity(cfg),
+        extractor_mesh=extractor_mesh, generate=generate, stop_signal=stop_signal)
+    actor_params, extractor_params, summary = run_warm_start(cfg.warm_start, inputs, workdir)
+    actor_state = actor_state.replace(params=actor_params)
+    if extractor_params is not None:
+        extractor_state = extractor_state.replace(params=extractor_params)
+    return actor_state, extractor_state, summary
 
 
 def summary_metrics(summary: dict) -> dict[str, float]:

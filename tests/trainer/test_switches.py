@@ -130,13 +130,13 @@ def test_grpo_baseline_has_no_retrieval_and_no_extractor(make_config, tmp_path, 
                                                                   "search_and_ask": False})
     trainer = trainer_lib.Trainer(cfg, str(tmp_path))
     assert trainer.experience is None
-    specs = trainer._episode_specs(trainer.stream.take(2))
-    assert not any(s.guided for s in specs)
     actor0, extractor0 = params_of(trainer.actor_state), params_of(trainer.extractor_state)
     trainer.run()
     rows = logged_rows(tmp_path)
     check_updated(rows, trainer.actor_state, actor0, "actor")
-    assert not any(k.startswith(("bank/", "distill/", "eval/with_exp")) for r in rows for k in r)
+    assert not any(k.startswith(("bank/", "distill/", "eval/with_exp", "train/with_exp"))
+                   for r in rows for k in r)
+    assert all(r["train/without_exp/episodes"] == r["train/episodes"] for r in rows)
     assert same(extractor0, params_of(trainer.extractor_state))
     # The final evaluation shows its progress (only without experience: there is no bank).
     err = capsys.readouterr().err
