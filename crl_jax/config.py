@@ -291,7 +291,14 @@ def _cross_checks(cfg: RunConfig) -> list[str]:
         problems.append(f"tokenizer: 'word', 'actor' or a tokenizer folder; got {cfg.tokenizer!r}")
     if cfg.tokenizer == "actor" and not cfg.actor.path:
         problems.append("tokenizer: 'actor' needs actor.path (a checkpoint folder or 'smollm2')")
-    w = cfg.warm_start
+    problems += _warm_start_problems(cfg.warm_start)
+    if not 0 <= cfg.memory.demote_probability <= 1:
+        problems.append(f"memory.demote_probability: must be in [0, 1]; got {cfg.memory.demote_probability}")
+    return problems
+
+
+def _warm_start_problems(w: WarmStartConfig) -> list[str]:
+    problems = []
     for name in ("guided_fraction", "search_fraction"):
         if not 0 <= getattr(w, name) <= 1:
             problems.append(f"warm_start.{name}: must be in [0, 1]; got {getattr(w, name)}")
@@ -308,8 +315,6 @@ def _cross_checks(cfg: RunConfig) -> list[str]:
     for name in ("learning_rate", "extractor_learning_rate"):
         if w.enabled and not getattr(w, name) > 0:
             problems.append(f"warm_start.{name}: must be > 0; got {getattr(w, name)}")
-    if not 0 <= cfg.memory.demote_probability <= 1:
-        problems.append(f"memory.demote_probability: must be in [0, 1]; got {cfg.memory.demote_probability}")
     return problems
 
 

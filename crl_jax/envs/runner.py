@@ -104,16 +104,33 @@ def run_batch(
         raise ValueError(f"run_batch: step_timeout_s must be > 0, got {step_timeout_s}")
     reset_timeout_s = reset_timeout_s or max(step_timeout_s, 60.0)
 
-    records = [EpisodeRecord(env_name=e.name, seed=int(s)) for e, s in zip(envs, seeds)]
-    workers = [_EnvWorker(env) for env in envs]
-    obs: dict[int, str] = {}
-    infos: dict[int, dict[str, Any]] = {}
+    play = _BatchPlay(envs, seeds, agents, policy)
+    try:
+        play.reset(reset_timeout_s)
+        while play.live:
+            play.step(play.choose_actions(), step_timeout_s)
+    finally:
+        for worker in play.workers:
+            worker.stop()
+    return play.records
 
-    def finish(i: int, reason: str):
-        records[i].reason = reason
-        live.discard(i)
 
-    def await_calls(calls: dict[int, cf.Future], timeout_s: float, what: str) -> dict[int, Any]:
+class _BatchPlay:
+    """The state of one `run_batch`: records, each env's worker thread, the running episodes."""
+
+    def __init__(self, envs, seeds, agents, policy):
+        self.envs, self.agents, self.policy = envs, agents, policy
+        self.records = [EpisodeRecord(env_name=e.name, seed=int(s)) for e, s in zip(envs, seeds)]
+        self.workers = [_EnvWorker(env) for env in envs]
+        self.obs: dict[int, str] = {}
+        self.infos: dict[int, dict[str, Any]] = {}
+        self.live = set(range(len(envs)))
+
+    def finish(self, i: int, reason: str) -> None:
+        self.records[i].reason = reason
+        self.live.discard(i)
+
+    def await_calls(self, calls: dict[int, cf.Future], timeout_s: float, what: str) -> dict[int, Any]:
         """Results of the calls that finished in time; the others end their episode."""
         deadline = time.monotonic() + timeout_s
         results = {}
@@ -122,68 +139,62 @@ def run_batch(
                 results[i] = future.result(timeout=max(0.0, deadline - time.monotonic()))
             except cf.TimeoutError:
                 future.cancel()
-                finish(i, f"timeout: {what} > {timeout_s:g}s")
+                self.finish(i, f"timeout: {what} > {timeout_s:g}s")
             except BaseException as exc:  # noqa: BLE001
-                finish(i, f"error: {_describe(exc)}")
+                self.finish(i, f"error: {_describe(exc)}")
         return results
 
-    live = set(range(len(envs)))
-    try:
+    def reset(self, timeout_s: float) -> None:
+        envs, records = self.envs, self.records
         started = time.monotonic()
-        resets = await_calls({i: workers[i].submit(envs[i].reset, records[i].seed) for i in live},
-                             reset_timeout_s, "reset")
+        resets = self.await_calls({i: self.workers[i].submit(envs[i].reset, records[i].seed)
+                                   for i in self.live}, timeout_s, "reset")
         reset_s = time.monotonic() - started
         for i, (observation, info) in resets.items():
-            obs[i], infos[i] = observation, info
+            self.obs[i], self.infos[i] = observation, info
             records[i].goal = info.get("goal", "")
-            records[i].transcript.append(
-                {"observation": observation, "action": None, "reward": 0.0})
+            records[i].transcript.append({"observation": observation, "action": None, "reward": 0.0})
             records[i].env_seconds += reset_s
-            if agents is not None:
+            if self.agents is not None:
                 try:
-                    agents[i].reset(getattr(envs[i], "unwrapped", envs[i]), observation, info)
+                    self.agents[i].reset(getattr(envs[i], "unwrapped", envs[i]), observation, info)
                 except Exception as exc:  # noqa: BLE001
-                    finish(i, f"agent error: {_describe(exc)}")
+                    self.finish(i, f"agent error: {_describe(exc)}")
 
-        while live:
-            order = sorted(live)
-            actions: dict[int, str] = {}
-            if policy is not None:
-                texts = policy([obs[i] for i in order], [infos[i] for i in order])
-                if len(texts) != len(order):
-                    raise ValueError(
-                        f"policy returned {len(texts)} actions for {len(order)} episodes")
-                actions = dict(zip(order, texts))
-            else:
-                for i in order:
-                    try:
-                        actions[i] = agents[i].act(obs[i], infos[i])
-                    except Exception as exc:  # noqa: BLE001
-                        finish(i, f"agent error: {_describe(exc)}")
-            started = time.monotonic()
-            calls = {i: workers[i].submit(envs[i].step, actions[i]) for i in actions}
-            results = await_calls(calls, step_timeout_s, "step")
-            elapsed = time.monotonic() - started
-            for i, (observation, reward, terminated, truncated, info) in results.items():
-                rec = records[i]
-                rec.turns += 1
-                rec.env_steps += 1
-                rec.env_seconds += elapsed
-                rec.total_reward += float(reward)
-                rec.success = bool(info.get("success", False))
-                rec.transcript.append({"observation": observation, "action": actions[i],
-                                       "reward": float(reward)})
-                obs[i], infos[i] = observation, info
-                if terminated or truncated:
-                    ending = "truncated" if truncated else "terminated"
-                    finish(i, "success" if rec.success else ending)
-            for i in calls:
-                if i not in results:
-                    records[i].turns += 1  # the failed turn still counts
-    finally:
-        for worker in workers:
-            worker.stop()
-    return records
+    def choose_actions(self) -> dict[int, str]:
+        order = sorted(self.live)
+        if self.policy is not None:
+            texts = self.policy([self.obs[i] for i in order], [self.infos[i] for i in order])
+            if len(texts) != len(order):
+                raise ValueError(f"policy returned {len(texts)} actions for {len(order)} episodes")
+            return dict(zip(order, texts))
+        actions: dict[int, str] = {}
+        for i in order:
+            try:
+                actions[i] = self.agents[i].act(self.obs[i], self.infos[i])
+            except Exception as exc:  # noqa: BLE001
+                self.finish(i, f"agent error: {_describe(exc)}")
+        return actions
+
+    def step(self, actions: dict[int, str], timeout_s: float) -> None:
+        started = time.monotonic()
+        calls = {i: self.workers[i].submit(self.envs[i].step, actions[i]) for i in actions}
+        results = self.await_calls(calls, timeout_s, "step")
+        elapsed = time.monotonic() - started
+        for i, (observation, reward, terminated, truncated, info) in results.items():
+            rec = self.records[i]
+            rec.turns += 1
+            rec.env_steps += 1
+            rec.env_seconds += elapsed
+            rec.total_reward += float(reward)
+            rec.success = bool(info.get("success", False))
+            rec.transcript.append({"observation": observation, "action": actions[i], "reward": float(reward)})
+            self.obs[i], self.infos[i] = observation, info
+            if terminated or truncated:
+                self.finish(i, "success" if rec.success else "truncated" if truncated else "terminated")
+        for i in calls:
+            if i not in results:
+                self.records[i].turns += 1  # the failed turn still counts
 
 
 class GuardedEnv:

@@ -174,14 +174,20 @@ def _split_along_time(x: jax.Array) -> jax.Array:
     return jax.lax.with_sharding_constraint(x, spec)
 
 
-def _run_layers(cfg, stacked: DecoderLayers, x, positions, key_valid, cache, write_slots):
-    """Scan the transformer blocks. Returns the final hidden state and the updated (k, v) caches."""
-    weights = {name: getattr(stacked, name).value for name in _layer_param_shapes(cfg)}
-    inv_freq = layers.rope_inverse_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
-    dtype, chunk = cfg.compute_dtype, cfg.dot_chunk
+class _LayerMath:
+    """One layer's computations around attention, for the scans of `_run_layers`."""
 
-    def project(x, w):
+    def __init__(self, cfg, positions, cached: bool):
+        self.cfg, self.positions, self.cached = cfg, positions, cached
+        self.inv_freq = layers.rope_inverse_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+        self.dtype, self.chunk = cfg.compute_dtype, cfg.dot_chunk
+
+    def cast(self, w):
+        return {name: value.astype(self.dtype) for name, value in w.items()}
+
+    def project(self, x, w):
         """Pre-norm q, k, v of one layer: q [B,T,N,H], k/v [B,T,K,H]."""
+        cfg, chunk = self.cfg, self.chunk
         h = layers.rms_norm(x, w["input_norm"], cfg.rms_norm_eps)
         q = layers.dense("btd,dnh->btnh", h, w["wq"], chunk)
         k = layers.dense("btd,dkh->btkh", h, w["wk"], chunk)
@@ -191,42 +197,49 @@ def _run_layers(cfg, stacked: DecoderLayers, x, positions, key_valid, cache, wri
         if cfg.qk_norm:
             q = layers.rms_norm(q, w["q_norm"], cfg.rms_norm_eps)
             k = layers.rms_norm(k, w["k_norm"], cfg.rms_norm_eps)
-        return layers.apply_rope(q, positions, inv_freq), layers.apply_rope(k, positions, inv_freq), v
+        return (layers.apply_rope(q, self.positions, self.inv_freq),
+                layers.apply_rope(k, self.positions, self.inv_freq), v)
 
-    def gate_and_up(h, w):
+    def gate_and_up(self, h, w):
         """The MLP's two input projections [B,T,F]. Without a cache (training, scoring) they are
         one product with the weights stacked [D,2,F]: one larger matmul and one larger backward,
         about 10% off a tiny actor's update on a CPU, and F keeps its sharding. With a cache
         (the sampler) each weight is read as it is: stacking would copy both on every token.
         Chunked dots (a CPU parity mode) keep the two products too: their rounding is the point."""
-        if cache is not None or chunk:
+        chunk = self.chunk
+        if self.cached or chunk:
             return (layers.dense("btd,df->btf", h, w["w_gate"], chunk),
                     layers.dense("btd,df->btf", h, w["w_up"], chunk))
         both = layers.dense("btd,dgf->btgf", h, jnp.stack([w["w_gate"], w["w_up"]], axis=1), chunk)
         return both[:, :, 0], both[:, :, 1]
 
-    def finish(x, w, attn):
+    def finish(self, x, w, attn):
         """Output projection, residual and SwiGLU MLP of one layer."""
+        cfg, chunk = self.cfg, self.chunk
         out = layers.dense("btnh,nhd->btd", attn, w["wo"], chunk)
         if cfg.o_bias:
             out = out + w["bo"]
         x = x + out
         h = layers.rms_norm(x, w["post_attention_norm"], cfg.rms_norm_eps)
-        gate, up = gate_and_up(h, w)
+        gate, up = self.gate_and_up(h, w)
         return x + layers.dense("btf,fd->btd", layers.silu(gate) * up, w["w_down"], chunk)
 
-    def cast(w):
-        return {name: value.astype(dtype) for name, value in w.items()}
+
+def _run_layers(cfg, stacked: DecoderLayers, x, positions, key_valid, cache, write_slots):
+    """Scan the transformer blocks. Returns the final hidden state and the updated (k, v) caches."""
+    weights = {name: getattr(stacked, name).value for name in _layer_param_shapes(cfg)}
+    math = _LayerMath(cfg, positions, cached=cache is not None)
+    dtype = cfg.compute_dtype
 
     if cache is None:
         def block(x, w):
             x = _split_along_time(x) if cfg.context_parallel else x
-            w = cast(w)
-            q, k, v = project(x, w)
+            w = math.cast(w)
+            q, k, v = math.project(x, w)
             attn = attention.attention(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), key_valid,
                                        implementation=cfg.attention, block=cfg.attention_block,
                                        context_parallel=cfg.context_parallel)
-            return finish(x, w, attn), None
+            return math.finish(x, w, attn), None
 
         if cfg.remat != "none":
             block = jax.checkpoint(block, policy=_REMAT_POLICIES[cfg.remat])
@@ -240,14 +253,14 @@ def _run_layers(cfg, stacked: DecoderLayers, x, positions, key_valid, cache, wri
 
     def block_cached(carry, w):
         x, k_all, v_all, i = carry
-        w = cast(w)
-        q, k, v = project(x, w)
+        w = math.cast(w)
+        q, k, v = math.project(x, w)
         # Advanced indices (i, rows, write_slots) around the kv-head slice: the update is [B,T,K,H].
         k_all = k_all.at[i, rows, :, write_slots].set(k.astype(k_all.dtype), mode="drop")
         v_all = v_all.at[i, rows, :, write_slots].set(v.astype(v_all.dtype), mode="drop")
         attn = attention.attention(q, k_all[i].astype(dtype), v_all[i].astype(dtype), key_valid,
                                    write_slots, implementation=cfg.attention, block=cfg.attention_block)
-        return (finish(x, w, attn), k_all, v_all, i + 1), None
+        return (math.finish(x, w, attn), k_all, v_all, i + 1), None
 
     (x, k_all, v_all, _), _ = jax.lax.scan(block_cached, (x, cache.k, cache.v, 0), weights)
     return x, (k_all, v_all)

@@ -87,28 +87,14 @@ class ActorLoop:
                       for b in range(n)]
         spec = self.sampler.spec
         start = time.perf_counter()
-        for b, (env, episode, entry) in enumerate(zip(envs, specs, entries)):
-            traj = trajectories[b]
+        for b, (env, entry) in enumerate(zip(envs, entries)):
             reset = first_observations[b] if first_observations else None
             if reset is None:
-                reset, error = call(env, "reset", episode.seed)
+                reset, error = call(env, "reset", specs[b].seed)
                 if error:
-                    self._end(traj, active, b, f"env_error: {error}")
+                    self._end(trajectories[b], active, b, f"env_error: {error}")
                     continue
-            observation, info = reset
-            traj.goal = info.get("goal", "")
-            traj.query = retrieval_query(traj.goal, observation)
-            system = env.system_prompt
-            if tools_left[b]:
-                system += "\n\n" + prompts.SEARCH_TOOL_TEXT
-            if entry is not None:
-                traj.entry_id = entry.entry_id
-                system = prompts.inject_experience(system, entry.render())
-            user = first_user_message(traj.goal, observation)
-            traj.messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
-            encoded = self.tokenizer.encode_chat(traj.messages, add_generation_prompt=True)
-            traj.append(encoded.ids, trained=False)
-            new_tokens[b] = encoded.ids.tolist()
+            new_tokens[b] = self._first_prompt(trajectories[b], env, reset, entry, tools_left[b] > 0)
             turns_left[b] = self.cfg.max_turns or env.max_turns
         conversations = self.sampler.new_conversations(n, seed=seed, first_row=first_row)
         while any(active):
@@ -124,23 +110,47 @@ class ActorLoop:
             for b in range(n):
                 if not active[b]:
                     continue
-                traj = trajectories[b]
-                generated = result.tokens[b].tolist()
-                traj.append(generated, trained=True, logprobs=result.logprobs[b])
-                text = self.tokenizer.decode(generated, skip_special_tokens=True)
-                traj.messages.append({"role": "assistant", "content": text})
-                closing = [] if generated and generated[-1] == self.im_end else [self.im_end]
-                new_tokens[b] = closing + self.tokenizer.encode("\n")
-                traj.append(new_tokens[b], trained=False)
+                text = self._take_reply(trajectories[b], result.tokens[b].tolist(), result.logprobs[b],
+                                        new_tokens, b)
                 if tools_left[b] and text.rstrip().endswith(prompts.SEARCH_CLOSE):
                     tool_rows.append(b)
                     continue
-                self._env_turn(call, envs[b], traj, text, active, b, new_tokens, turns_left)
+                self._env_turn(call, envs[b], trajectories[b], text, active, b, new_tokens, turns_left)
             if tool_rows:
                 self._tool_turns(trajectories, tool_rows, refine, new_tokens, tools_left, turns_left,
                                  active)
         self.last_timings = {"actor_rollout_s": time.perf_counter() - start}
         return trajectories
+
+    def _first_prompt(self, traj: Trajectory, env: TextEnv, reset, entry: Entry | None,
+                      tools: bool) -> list[int]:
+        """Row `traj`'s first prompt from its reset (system prompt with the tool and the injected
+        entry, then the goal and first observation); returns its tokens."""
+        observation, info = reset
+        traj.goal = info.get("goal", "")
+        traj.query = retrieval_query(traj.goal, observation)
+        system = env.system_prompt
+        if tools:
+            system += "\n\n" + prompts.SEARCH_TOOL_TEXT
+        if entry is not None:
+            traj.entry_id = entry.entry_id
+            system = prompts.inject_experience(system, entry.render())
+        user = first_user_message(traj.goal, observation)
+        traj.messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+        encoded = self.tokenizer.encode_chat(traj.messages, add_generation_prompt=True)
+        traj.append(encoded.ids, trained=False)
+        return encoded.ids.tolist()
+
+    def _take_reply(self, traj: Trajectory, generated: list[int], logprobs, new_tokens, b: int) -> str:
+        """Append the model's reply (trained) and its turn's closing tokens (not trained) to row
+        b; returns the reply's text."""
+        traj.append(generated, trained=True, logprobs=logprobs)
+        text = self.tokenizer.decode(generated, skip_special_tokens=True)
+        traj.messages.append({"role": "assistant", "content": text})
+        closing = [] if generated and generated[-1] == self.im_end else [self.im_end]
+        new_tokens[b] = closing + self.tokenizer.encode("\n")
+        traj.append(new_tokens[b], trained=False)
+        return text
 
     def _env_turn(self, call, env, traj: Trajectory, text: str, active, b, new_tokens, turns_left):
         result, error = call(env, "step", text)

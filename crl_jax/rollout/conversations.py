@@ -131,18 +131,12 @@ class Conversations:
         self._cached[row] = 0
         return True
 
-    def step(self, params: nnx.State, new_tokens: Sequence[Sequence[int] | None],
-             active: Sequence[bool] | None = None) -> TurnResult:
-        """Append new_tokens[b] to each active row (None or [] for nothing new) and generate."""
-        sampler, batch = self.sampler, self.batch_size
-        if len(new_tokens) != batch:
-            raise ValueError(f"new_tokens has {len(new_tokens)} rows, the batch has {batch}")
-        active = [True] * batch if active is None else [bool(a) for a in active]
-        if len(active) != batch:
-            raise ValueError(f"active has {len(active)} entries, the batch has {batch}")
-        vocab = sampler.cfg.vocab_size
-        news, reset = [], [False] * batch
-        for b in range(batch):
+    def _admit(self, new_tokens, active: list[bool]) -> tuple[list[list[int]], list[bool]]:
+        """Check each row's new tokens and make room for them in its cache: (new tokens per row,
+        whether each row's cache was reset to be re-prefilled from its kept history)."""
+        vocab = self.sampler.cfg.vocab_size
+        news, reset = [], [False] * self.batch_size
+        for b in range(self.batch_size):
             new = [int(t) for t in (new_tokens[b] or ())]
             if not active[b]:
                 if new:
@@ -158,7 +152,18 @@ class Conversations:
                 self._segments[b] = [0]
             reset[b] = self._fit(b, new)
             news.append(new)
+        return news, reset
 
+    def step(self, params: nnx.State, new_tokens: Sequence[Sequence[int] | None],
+             active: Sequence[bool] | None = None) -> TurnResult:
+        """Append new_tokens[b] to each active row (None or [] for nothing new) and generate."""
+        sampler, batch = self.sampler, self.batch_size
+        if len(new_tokens) != batch:
+            raise ValueError(f"new_tokens has {len(new_tokens)} rows, the batch has {batch}")
+        active = [True] * batch if active is None else [bool(a) for a in active]
+        if len(active) != batch:
+            raise ValueError(f"active has {len(active)} entries, the batch has {batch}")
+        news, reset = self._admit(new_tokens, active)
         chunks = [self._history[b][self._cached[b]:] + news[b] if active[b] else [] for b in range(batch)]
         width = sampler.chunk_length(max(len(c) for c in chunks))
         tokens = np.zeros((batch, width), np.int32)

@@ -106,44 +106,13 @@ def generate(graphdef: nnx.GraphDef, params: nnx.State, state: SamplerState, tok
     mask = mask.astype(bool) & active[:, None]
     cache = cache.replace(valid=cache.valid & ~reset[:, None], end=jnp.where(reset, 0, cache.end))
     rng, call_rng = jax.random.split(state.rng)
-
-    def constrain_cache(c):
-        return jax.tree.map(lambda x, axes: sharding.constrain(x, mesh, axes), c,
-                            models.CACHE_LOGICAL_AXES, is_leaf=lambda a: isinstance(a, tuple))
-
-    # Prefill: only the last real position of each row needs logits, so project just those.
-    hidden, cache = models.apply(graphdef, params, tokens, attention_mask=mask, cache=cache,
-                                 return_hidden=True)
-    cache = constrain_cache(cache)
-    last = jnp.max(jnp.where(mask, jnp.arange(tokens.shape[1])[None, :], 0), axis=1)
-    last_hidden = jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0]
-    logits = _head_logits(graphdef, params, last_hidden)
-
+    logits, cache = _prefill(graphdef, params, tokens, mask, cache, mesh)
     out_tokens = jnp.full((batch, limit), PAD_OUTPUT, jnp.int32)
     out_logprobs = jnp.zeros((batch, limit), jnp.float32)
     out_processed = jnp.zeros((batch, limit), jnp.float32) if spec.return_processed_logprobs else None
     reason = jnp.where(active, stops.RUNNING, stops.INACTIVE).astype(jnp.int32)
     window = stops.empty_window(batch, spec)
-
-    def record(step, logits, done, reason, window, out_tokens, out_logprobs, out_processed):
-        """Sample a token for every row; rows already done keep their outputs and state."""
-        token, logprob, processed = _choose_per_row(jax.random.fold_in(call_rng, step), state.rows,
-                                                    logits, spec)
-        token = jnp.where(done, PAD_OUTPUT, token)
-        out_tokens = jax.lax.dynamic_update_index_in_dim(out_tokens, token, step, axis=1)
-        out_logprobs = jax.lax.dynamic_update_index_in_dim(
-            out_logprobs, jnp.where(done, 0.0, logprob), step, axis=1)
-        if out_processed is not None:
-            out_processed = jax.lax.dynamic_update_index_in_dim(
-                out_processed, jnp.where(done, 0.0, processed), step, axis=1)
-        new_window, matched = stops.push_and_match(window, token, spec)
-        window = jnp.where(done[:, None], window, new_window)
-        hit_eos = stops.is_eos(token, spec) & ~done
-        hit_stop = matched & ~done & ~hit_eos
-        reason = jnp.where(hit_eos, stops.EOS, jnp.where(hit_stop, stops.STOP_SEQUENCE, reason))
-        done = done | hit_eos | hit_stop
-        return token, done, reason, window, out_tokens, out_logprobs, out_processed
-
+    record = functools.partial(_record, spec, call_rng, state.rows)
     done = ~active
     token, done, reason, window, out_tokens, out_logprobs, out_processed = record(
         0, logits, done, reason, window, out_tokens, out_logprobs, out_processed)
@@ -162,7 +131,7 @@ def generate(graphdef: nnx.GraphDef, params: nnx.State, state: SamplerState, tok
         feed = jnp.where(done, 0, token)[:, None]
         logits, cache = models.apply(graphdef, params, feed, attention_mask=~done[:, None],
                                      cache=cache)
-        cache = constrain_cache(cache)
+        cache = _constrain_cache(cache, mesh)
         running = ~done
         token, done, reason, window, out_tokens, out_logprobs, out_processed = record(
             step, logits[:, 0], done, reason, window, out_tokens, out_logprobs, out_processed)
@@ -178,6 +147,42 @@ def generate(graphdef: nnx.GraphDef, params: nnx.State, state: SamplerState, tok
     output = SampleOutput(tokens=out_tokens, logprobs=out_logprobs,
                           processed_logprobs=out_processed, lengths=lengths, finish_reason=reason)
     return SamplerState(cache=cache, rng=rng, rows=state.rows), output
+
+
+def _constrain_cache(cache, mesh: Mesh | None):
+    return jax.tree.map(lambda x, axes: sharding.constrain(x, mesh, axes), cache,
+                        models.CACHE_LOGICAL_AXES, is_leaf=lambda a: isinstance(a, tuple))
+
+
+def _prefill(graphdef, params, tokens, mask, cache, mesh: Mesh | None):
+    """Write the chunk into the cache; (logits at each row's last real position, cache). Only
+    those positions need logits, so only they are projected."""
+    hidden, cache = models.apply(graphdef, params, tokens, attention_mask=mask, cache=cache,
+                                 return_hidden=True)
+    cache = _constrain_cache(cache, mesh)
+    last = jnp.max(jnp.where(mask, jnp.arange(tokens.shape[1])[None, :], 0), axis=1)
+    last_hidden = jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0]
+    return _head_logits(graphdef, params, last_hidden), cache
+
+
+def _record(spec: SamplerSpec, call_rng, rows, step, logits, done, reason, window, out_tokens, out_logprobs,
+            out_processed):
+    """Sample a token for every row; rows already done keep their outputs and state."""
+    token, logprob, processed = _choose_per_row(jax.random.fold_in(call_rng, step), rows, logits, spec)
+    token = jnp.where(done, PAD_OUTPUT, token)
+    out_tokens = jax.lax.dynamic_update_index_in_dim(out_tokens, token, step, axis=1)
+    out_logprobs = jax.lax.dynamic_update_index_in_dim(
+        out_logprobs, jnp.where(done, 0.0, logprob), step, axis=1)
+    if out_processed is not None:
+        out_processed = jax.lax.dynamic_update_index_in_dim(
+            out_processed, jnp.where(done, 0.0, processed), step, axis=1)
+    new_window, matched = stops.push_and_match(window, token, spec)
+    window = jnp.where(done[:, None], window, new_window)
+    hit_eos = stops.is_eos(token, spec) & ~done
+    hit_stop = matched & ~done & ~hit_eos
+    reason = jnp.where(hit_eos, stops.EOS, jnp.where(hit_stop, stops.STOP_SEQUENCE, reason))
+    done = done | hit_eos | hit_stop
+    return token, done, reason, window, out_tokens, out_logprobs, out_processed
 
 
 def _choose_per_row(step_rng: jax.Array, rows: jax.Array, logits: jax.Array, spec: SamplerSpec):
