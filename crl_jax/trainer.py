@@ -45,8 +45,10 @@ log = logging.getLogger("crl_jax")
 
 
 class Trainer:
-    def __init__(self, cfg: RunConfig, workdir: str):
-        self.cfg, self.workdir = cfg, workdir
+    def __init__(self, cfg: RunConfig, workdir: str, cache_from: tuple[str, ...] = ()):
+        """`cache_from`: sibling runs' workdirs whose warm start and start evaluation this run
+        may take where its own workdir has none (each used only under a matching digest)."""
+        self.cfg, self.workdir, self.cache_from = cfg, workdir, tuple(cache_from)
         if cfg.memory.enabled and cfg.memory.embedder == "minilm":
             bert.packaged_minilm_path()  # a missing package fails before the workdir is made
         os.makedirs(workdir, exist_ok=True)
@@ -82,7 +84,7 @@ class Trainer:
         self.train_tasks = splits["train"]
         self.stream = TaskStream(splits["train"], cfg.seed)
         self.evaluator = Evaluator(cfg, splits["test"], self._play_evaluation, self.experience is not None,
-                                   workdir, self.hosts)
+                                   workdir, self.hosts, self.cache_from)
         self.checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"),
                                          max_to_keep=cfg.checkpoint.keep, digest=build.run_digest(cfg))
 
@@ -263,7 +265,7 @@ class Trainer:
             self.cfg, self.workdir, self.tokenizer, self.train_tasks, self.mesh, self.extractor_mesh,
             self.actor_state, self.extractor_state, with_extractor,
             generate=self._extractor_replies if with_extractor else None,
-            stop_signal=lambda: graceful_stop.agreed_signal(stop, self.hosts))
+            stop_signal=lambda: graceful_stop.agreed_signal(stop, self.hosts), cache_from=self.cache_from)
         return summary
 
     def _extractor_replies(self, params, conversations) -> list[str]:
@@ -286,10 +288,10 @@ class Trainer:
 
 
 
-def main(cfg: RunConfig, workdir: str) -> dict:
+def main(cfg: RunConfig, workdir: str, cache_from: tuple[str, ...] = ()) -> dict:
     logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s")
     log.setLevel(logging.INFO)  # other libraries may have configured the root logger already
-    trainer = Trainer(cfg, workdir)
+    trainer = Trainer(cfg, workdir, cache_from)
     with open(os.path.join(workdir, "config.json"), "w") as f:
         json.dump(to_dict(cfg), f, indent=2)
     return trainer.run()

@@ -24,32 +24,24 @@ status is then 1. After every run `<out>/results.md`, `results.json` and the cur
 `--setting=NAME=CONFIG[:VARIANTS]` (repeatable) replaces the three settings, e.g. to run the grid
 on another config file.
 
-`--export=DIR` keeps what the results are made of: it copies each finished run's metrics log,
-config and report (not its checkpoints) to the same place under DIR and writes the results there
-from the runs of this invocation and every other run record DIR holds
-(`<setting>/<method>/seed<N>/metrics.jsonl`, of a setting named here or a default one), so
-records from earlier machines or sessions count alongside the new ones, whatever `--only`,
-`--methods` and `--seeds` say. DIR is itself a grid output: `--table-only --out=DIR` rebuilds it.
-`--warm-starts=CACHE` (outside the source tree: they are binary checkpoints) keeps, once per
-setting and seed, the warm start each run started from (export_warm_starts; an unfinished run's
-too) under the same layout; copying the records and that cache into a new `--out` lets a later
-grid add seeds or methods without rerunning them, the added methods starting from the recorded
-warm start (share_warm_start) on any machine.
+`--export=DIR` keeps what the results are made of: each finished run's metrics log, config and
+report (not its checkpoints), under the same layout in DIR, and the results there from all the
+records DIR holds, so records from earlier machines count alongside new ones (experiments/
+grid_export.py). DIR is itself a grid output: `--table-only --out=DIR` rebuilds it.
+`--warm-starts=CACHE` (outside the source tree: binary checkpoints) keeps, once per setting and
+seed, the warm start each run started from, laid out alike; copying the records and that cache
+into a new `--out` lets a later grid add seeds or methods that start from the recorded warm start.
 
-Every method of one setting and seed starts RL from the same warm-started actor (the warm start
-does not depend on how a run uses experience), and the grid makes sure it is the very same one:
-before a run starts, each finished half of a sibling's warm start that it lacks is copied into its
-workdir, `warm_start/actor` from any method of the same setting and seed (the baseline included),
-`warm_start/extractor` from one whose extractor settings agree too (Comp. RL, static, exp. only),
-as `warm_start.cache_identity` says, the function the trainer keys each half on. Retraining
+Every method of one setting and seed starts RL from the very same warm-started actor: each run is
+given, with the trainer's `--cache_from`, the sibling workdirs holding finished halves it lacks
+(`warm_start/actor` from any method of its setting and seed, the baseline included;
+`warm_start/extractor` from one whose extractor settings agree too, as
+`warm_start.cache_identity` says) and a sibling's kept start evaluation (Comp. RL, static and
+exp. only differ only in what they train, so they play the very same test episodes). Retraining
 would not give the same weights: XLA's multi-threaded CPU reductions differ in the last bit from
 run to run, and a 6-task warm start of one seed has started RL at 0.07, 0.08 and 0.11 test
-success that way. The trainer still checks each half's digest (which also covers the built
-tokenizer's fingerprint) and recomputes on a mismatch, so a wrong copy costs time, never
-correctness. The evaluation before the first RL step is shared the same way
-(share_start_evaluation): Comp. RL, static and exp. only differ only in what they train, so from
-one warm start they play the very same test episodes, and a sibling's kept result is copied; the
-trainer uses it only under the same config (training switches aside) and warm start.
+success that way. The trainer takes each cache only under its own digest (which also covers the
+tokenizer's fingerprint), so a wrong source costs time, never correctness.
 
 The child runs share a JAX compilation cache (`<out>/jax_cache` unless JAX_COMPILATION_CACHE_DIR is
 set) and default to JAX_PLATFORMS=cpu. Each child's output goes to `<workdir>/run.log`; its progress
@@ -59,14 +51,9 @@ lines are echoed here.
 from __future__ import annotations
 
 import argparse
-import collections
-import filecmp
-import glob
 import json
 import os
-import shutil
 import signal
-import subprocess
 import sys
 import time
 
@@ -75,21 +62,19 @@ ROOT = os.path.dirname(_HERE)
 sys.path.insert(0, ROOT)
 sys.path.insert(0, _HERE)
 
-from crl_jax.run import checkpoint  # noqa: E402
 from crl_jax.config import ConfigError, to_dict  # noqa: E402
 from crl_jax.run.config_loading import load_config  # noqa: E402
 from crl_jax.run.evaluation import START_EVAL_FILE, start_eval_identity  # noqa: E402
 from crl_jax.warm_start import cache_identity  # noqa: E402
 
+import grid_export  # noqa: E402
+from grid_launch import _hms, child_env, command, launch, overrides  # noqa: E402
 import reproduce_results as results_lib  # noqa: E402
-from reproduce_results import METHODS, STATUS_FILE, Run  # noqa: E402
+from reproduce_results import METHODS, Run  # noqa: E402
 
-RUN = os.path.join(_HERE, "run.py")
 CONFIG_DIR = os.path.join(_HERE, "configs")
 SETTINGS = {"single": "single_task.py", "three": "multi_task.py:three", "six": "multi_task.py:six"}
 SEEDS = (0, 1, 2)
-ECHO = ("step ", "restored checkpoint", "Traceback", "Error", "error:")  # child lines shown live
-TAIL_LINES = 30
 
 
 def config_spec(setting_spec: str, method: str) -> str:
@@ -97,15 +82,6 @@ def config_spec(setting_spec: str, method: str) -> str:
     path, _, arg = setting_spec.partition(":")
     variants = [v for v in arg.split(",") if v] + list(METHODS[method][1])
     return f"{path}:{','.join(variants)}" if variants else path
-
-
-def overrides(seed: int, steps: int | None) -> list[str]:
-    return [f"seed={seed}"] + ([f"steps={steps}"] if steps is not None else [])
-
-
-def command(run: Run, spec: str, steps: int | None) -> list[str]:
-    return ([sys.executable, RUN, f"--config={spec}"]
-            + [f"--config.{o}" for o in overrides(run.seed, steps)] + [f"--workdir={run.workdir}"])
 
 
 def plan(settings: dict[str, str], methods: list[str], seeds: list[int], steps: int | None,
@@ -166,18 +142,6 @@ def warm_start_sources(run: Run, runs: list[Run]) -> dict[str, Run | None]:
     return sources
 
 
-def share_warm_start(run: Run, runs: list[Run]) -> list[str]:
-    """Copy each warm-start half that `run` lacks from its sibling (warm_start_sources). Returns
-    "<half> from <run>" per half copied."""
-    copied = []
-    for half, other in warm_start_sources(run, runs).items():
-        if other is not None:
-            shutil.copytree(os.path.join(other.workdir, "warm_start", half),
-                            os.path.join(run.workdir, "warm_start", half))
-            copied.append(f"{half} from {other.name}")
-    return copied
-
-
 def start_eval_source(run: Run, runs: list[Run]) -> Run | None:
     """The sibling whose kept start evaluation `run` can use: one whose config differs from the
     run's in training-only settings alone (crl_jax.run.evaluation.start_eval_identity) and that has
@@ -191,17 +155,13 @@ def start_eval_source(run: Run, runs: list[Run]) -> Run | None:
                  and start_eval_identity(other.config) == identity), None)
 
 
-def share_start_evaluation(run: Run, runs: list[Run]) -> str:
-    """Copy a sibling's start evaluation into `run`'s workdir (start_eval_source). The trainer
-    uses it only if it was played after the same warm start (its digest covers the warm start's
-    metrics) and plays its own otherwise, so a wrong copy costs time, never correctness. Returns
-    the sibling's name, or ""."""
-    other = start_eval_source(run, runs)
-    if other is None:
-        return ""
-    os.makedirs(run.workdir, exist_ok=True)
-    shutil.copyfile(os.path.join(other.workdir, START_EVAL_FILE), os.path.join(run.workdir, START_EVAL_FILE))
-    return other.name
+def cache_sources(run: Run, runs: list[Run]) -> list[str]:
+    """The sibling workdirs `run` takes its warm-start halves (warm_start_sources) and start
+    evaluation (start_eval_source) from, for the trainer's --cache_from: the trainer takes each
+    only under its own digest, so a wrong source costs time, never correctness."""
+    found = [other for other in warm_start_sources(run, runs).values() if other is not None]
+    found.append(start_eval_source(run, runs))
+    return list(dict.fromkeys(other.workdir for other in found if other is not None))
 
 
 def describe_warm_start(run: Run, runs: list[Run]) -> str:
@@ -209,109 +169,6 @@ def describe_warm_start(run: Run, runs: list[Run]) -> str:
     three/baseline/seed3", "extractor to train", or "" when its workdir has every half it needs."""
     return ", ".join(f"{half} from {other.name}" if other is not None else f"{half} to train"
                      for half, other in warm_start_sources(run, runs).items())
-
-
-def _same_checkpoint(a: str, b: str) -> bool:
-    """Whether two checkpoint folders hold the same relative files with the same bytes, leaving
-    out Orbax's commit notes (a portable copy has none)."""
-    def files(root):
-        return sorted(os.path.relpath(os.path.join(folder, name), root)
-                      for folder, _, names in os.walk(root) for name in names
-                      if name != checkpoint.COMMIT_NOTE)
-    names = files(a)
-    return names == files(b) and all(filecmp.cmp(os.path.join(a, n), os.path.join(b, n), shallow=False)
-                                     for n in names)
-
-
-def export_warm_starts(runs: list[Run], out_dir: str, dest: str) -> list[str]:
-    """Keep, in the cache `dest` laid out like the records, the warm start of each run of `runs`:
-    its finished halves' checkpoint (params, digest, summary; as a portable copy) and training
-    curve (not their TensorBoard copy) go to `<run's record>/warm_start/<half>`, once per setting and seed (a half
-    equal to one a sibling's record already holds is not copied again). A later grid whose `--out`
-    holds copies of these folders starts the methods it adds from them (share_warm_start), so they
-    pair with the recorded ones even on another machine, where retraining the warm start would give
-    another actor. Runs not finished count too (their record is then the warm start alone, which
-    the tables ignore): a seed whose first run is cut short on one machine continues on another
-    from the same actor. A stale run's warm start (another config's) is not kept. Returns "<half> of
-    <run>" per half copied."""
-    copied = []
-    for run in runs:
-        if run.state == "stale":
-            continue
-        record = os.path.join(dest, os.path.relpath(run.workdir, out_dir))
-        for half in ("actor", "extractor"):
-            if not _warm_start_done(run.workdir, half):
-                continue
-            source = os.path.join(run.workdir, "warm_start", half)
-            kept = glob.glob(os.path.join(glob.escape(os.path.dirname(os.path.dirname(record))), "*",
-                                          os.path.basename(record), "warm_start", half, "checkpoint"))
-            if any(_same_checkpoint(os.path.join(source, "checkpoint"), k) for k in kept):
-                continue
-            target = os.path.join(record, "warm_start", half)
-            shutil.rmtree(target, ignore_errors=True)  # a rerun replaces its record's warm start
-            # Without Orbax's commit notes, which name this machine's folder.
-            checkpoint.portable_copy(os.path.join(source, "checkpoint"), os.path.join(target, "checkpoint"))
-            if os.path.exists(os.path.join(source, "metrics.jsonl")):
-                shutil.copyfile(os.path.join(source, "metrics.jsonl"), os.path.join(target, "metrics.jsonl"))
-            copied.append(f"{half} of {run.name}")
-    return copied
-
-
-def _hms(seconds: float) -> str:
-    s = int(round(seconds))
-    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
-
-
-def launch(run: Run, spec: str, steps: int | None, env: dict) -> int:
-    """Run one training subprocess to its end; its output goes to run.log, progress lines here."""
-    os.makedirs(run.workdir, exist_ok=True)
-    cmd = command(run, spec, steps)
-    tail = collections.deque(maxlen=TAIL_LINES)
-    # Line-buffered, so `tail -f run.log` follows a running child.
-    with open(os.path.join(run.workdir, "run.log"), "a", encoding="utf-8", buffering=1) as log:
-        log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n")
-        process = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                   stderr=subprocess.STDOUT, text=True, bufsize=1)
-
-        def follow() -> int:
-            for line in process.stdout:
-                log.write(line)
-                tail.append(line.rstrip("\n"))
-                if any(marker in line for marker in ECHO):
-                    print(f"    {run.name}: {line.rstrip()}", flush=True)
-            return process.wait()
-
-        try:
-            rc = follow()
-        except KeyboardInterrupt:
-            # The trainer finishes its current step (or warm-start half, or start evaluation),
-            # keeps it and exits (graceful_stop); its output is still drained meanwhile, so it
-            # never blocks on a full pipe.
-            print(f"    {run.name}: stopping after its current step, which is checkpointed (before "
-                  "RL: after its warm-start half or start evaluation; interrupt again to stop it "
-                  "at once)", flush=True)
-            process.terminate()
-            try:
-                follow()
-            except KeyboardInterrupt:
-                process.kill()
-                process.wait()
-            raise
-    with open(os.path.join(run.workdir, STATUS_FILE), "w", encoding="utf-8") as f:
-        json.dump({"command": cmd, "returncode": rc, "time": time.time()}, f)
-    if rc != 0:
-        print(f"    {run.name}: exited with status {rc}; last lines of its run.log:", flush=True)
-        for line in tail:
-            print(f"      {line}", flush=True)
-    return rc
-
-
-def child_env(out: str) -> dict:
-    env = dict(os.environ)
-    env.setdefault("JAX_PLATFORMS", "cpu")
-    env.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(out, "jax_cache"))
-    env["PYTHONUNBUFFERED"] = "1"  # progress lines arrive as they are printed
-    return env
 
 
 def _csv(text: str) -> list[str]:
@@ -340,6 +197,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="with --export: keep every run's finished warm start (checkpoints) in "
                         "CACHE, a folder outside the source tree, laid out like DIR")
     args = p.parse_args(argv)
+    _check_args(p, args)
+    return args
+
+
+def _check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Validate and normalise the parsed flags (p.error on a bad one)."""
     settings = dict(SETTINGS)
     if args.setting:
         settings = {}
@@ -382,63 +245,60 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         if os.path.commonpath([args.warm_starts, ROOT]) == ROOT:
             p.error(f"--warm-starts must be outside the source tree ({ROOT}): warm starts are "
                     "binary checkpoints that the commands regenerate")
-    return args
-
-
-def recorded_runs(dest: str) -> list[tuple[str, str, int]]:
-    """(setting, method, seed) of every run record under `dest`: `<setting>/<method>/seed<N>/`
-    holding a metrics log."""
-    found = set()
-    for path in glob.glob(os.path.join(glob.escape(dest), "*", "*", "seed*", "metrics.jsonl")):
-        setting, method, seed_dir = os.path.relpath(os.path.dirname(path), dest).split(os.sep)
-        if method in METHODS and seed_dir[len("seed"):].isdigit():
-            found.add((setting, method, int(seed_dir[len("seed"):])))
-    return sorted(found)
-
-
-def export(runs: list[Run], args: argparse.Namespace) -> list[Run]:
-    """Copy the records of `runs` to `args.export`; return the runs its results cover: these, and
-    every other record the folder holds (an earlier machine's seeds, another setting or method),
-    planned under `args.export` like a grid's runs, in the grid's order of settings. A run named
-    here that neither --out nor the folder holds is left out, so that it does not count as an
-    expected seed. A record of a setting that is neither named here nor a default one cannot be
-    planned (its config is unknown): it is left out, with a warning."""
-    exported, never_run = {}, []
-    for run, r in zip(runs, results_lib.export_records(runs, args.out, args.export)):
-        # A run named here that was never started (nothing under --out, no record in the folder)
-        # would count as an expected seed of its setting in the folder's tables: cells would read
-        # "(3/5)" for two seeds run nowhere. An unfinished run still counts.
-        if run.state == results_lib.MISSING and r.state == results_lib.MISSING:
-            never_run.append(r.name)
-        else:
-            exported[(r.setting, r.method, r.seed)] = r
-    if never_run:
-        print(f"not in the records, never started: {', '.join(never_run)}", flush=True)
-    kept = export_warm_starts(runs, args.out, args.warm_starts) if args.warm_starts else []
-    if kept:
-        print(f"warm starts kept in {args.warm_starts}: {', '.join(kept)}", flush=True)
-    settings = dict(args.settings)
-    for setting, method, seed in recorded_runs(args.export):
-        if (setting, method, seed) in exported:
-            continue
-        if setting not in settings and setting not in SETTINGS:
-            print(f"warning: the record {setting}/{method}/seed{seed} in {args.export} is of an "
-                  "unknown setting (name it with --setting to tabulate it); left out", file=sys.stderr)
-            continue
-        spec = settings.setdefault(setting, SETTINGS.get(setting))
-        (run, _), = plan({setting: spec}, [method], [seed], args.steps, args.export)
-        exported[(setting, method, seed)] = run
-    # The tables keep the grid's order (single, three, six, then settings named by --setting),
-    # whichever settings this invocation named and in whatever order.
-    in_grid_order = [s for s in SETTINGS if s in settings] + [s for s in settings if s not in SETTINGS]
-    order = {name: i for i, name in enumerate(in_grid_order)}
-    methods = list(METHODS)
-    return sorted(exported.values(),
-                  key=lambda r: (order[r.setting], r.seed, methods.index(r.method)))
 
 
 def _interrupt(signum, frame):
     raise KeyboardInterrupt  # a terminated grid also ends the training run it started
+
+
+def dry_run(grid, siblings: list[Run], steps: int | None) -> None:
+    """List the runs, their state and command, and where their caches would come from."""
+    for i, (run, spec) in enumerate(grid, 1):
+        where = f" step {run.last_step + 1}/{run.steps}" if run.last_step >= 0 else ""
+        todo = run.state != "done"
+        print(f"[{i}/{len(grid)}] {run.name:<28} {run.state:<8}{where:<14} "
+              f"{' '.join(command(run, spec, steps, cache_sources(run, siblings) if todo else [])[1:])}")
+        warm_start = describe_warm_start(run, siblings) if todo else ""
+        if warm_start:
+            print(f"{'':>8}warm start: {warm_start}")
+        start_eval = start_eval_source(run, siblings) if todo else None
+        if start_eval is not None:
+            print(f"{'':>8}start evaluation: from {start_eval.name}, if played after the same warm start")
+    done = sum(r.state == "done" for r, _ in grid)
+    print(f"{done} of {len(grid)} runs done, {len(grid) - done} to run")
+
+
+def run_grid(grid, runs: list[Run], siblings: list[Run], args: argparse.Namespace) -> list[str]:
+    """Run every unfinished run of `grid`, one at a time; returns the names of those that did
+    not finish."""
+    env, started, failed = child_env(args.out), time.monotonic(), []
+    for i, (run, spec) in enumerate(grid, 1):
+        tag = f"[{i}/{len(grid)}] {run.name}"
+        if run.state == "done":
+            print(f"{tag}: done, skipped", flush=True)
+            continue
+        if run.state == "stale":
+            print(f"{tag}: its workdir holds a run of another config (differs in "
+                  f"{', '.join(results_lib.config_difference(run)[:5])}); move or delete "
+                  f"{run.workdir} to run it again. Skipped.", flush=True)
+            failed.append(run.name)
+            continue
+        resume = f", resuming after step {run.last_step}" if run.last_step >= 0 else ""
+        print(f"{tag}: starting ({run.steps} steps{resume}) | "
+              f"elapsed {_hms(time.monotonic() - started)}", flush=True)
+        sources = cache_sources(run, siblings)
+        if sources:
+            print(f"{tag}: warm start and start evaluation may come from "
+                  f"{', '.join(os.path.relpath(s, args.out) for s in sources)}", flush=True)
+        t0 = time.monotonic()
+        rc = launch(run, spec, args.steps, env, sources)
+        run.state, run.last_step = results_lib.run_state(run)
+        if rc != 0 or run.state != "done":
+            failed.append(run.name)
+        print(f"{tag}: {run.state} in {_hms(time.monotonic() - t0)} | elapsed "
+              f"{_hms(time.monotonic() - started)}", flush=True)
+        results_lib.write_results(runs, len(args.seeds), args.out)
+    return failed
 
 
 def main(argv: list[str]) -> int:
@@ -456,60 +316,18 @@ def main(argv: list[str]) -> int:
     siblings = runs if set(args.methods) == set(METHODS) or args.table_only else [
         run for run, _ in plan(args.settings, list(METHODS), args.seeds, args.steps, args.out)]
     if args.dry_run:
-        for i, (run, spec) in enumerate(grid, 1):
-            where = f" step {run.last_step + 1}/{run.steps}" if run.last_step >= 0 else ""
-            print(f"[{i}/{len(grid)}] {run.name:<28} {run.state:<8}{where:<14} "
-                  f"{' '.join(command(run, spec, args.steps)[1:])}")
-            warm_start = describe_warm_start(run, siblings) if run.state != "done" else ""
-            if warm_start:
-                print(f"{'':>8}warm start: {warm_start}")
-            start_eval = start_eval_source(run, siblings) if run.state != "done" else None
-            if start_eval is not None:
-                print(f"{'':>8}start evaluation: from {start_eval.name}, if played after the "
-                      f"same warm start")
-        todo = sum(r.state != "done" for r in runs)
-        print(f"{len(grid) - todo} of {len(grid)} runs done, {todo} to run")
+        dry_run(grid, siblings, args.steps)
         return 0
-    if not args.table_only:
-        env, started, failed = child_env(args.out), time.monotonic(), []
-        for i, (run, spec) in enumerate(grid, 1):
-            tag = f"[{i}/{len(grid)}] {run.name}"
-            if run.state == "done":
-                print(f"{tag}: done, skipped", flush=True)
-                continue
-            if run.state == "stale":
-                print(f"{tag}: its workdir holds a run of another config (differs in "
-                      f"{', '.join(results_lib.config_difference(run)[:5])}); move or delete "
-                      f"{run.workdir} to run it again. Skipped.", flush=True)
-                failed.append(run.name)
-                continue
-            resume = f", resuming after step {run.last_step}" if run.last_step >= 0 else ""
-            print(f"{tag}: starting ({run.steps} steps{resume}) | "
-                  f"elapsed {_hms(time.monotonic() - started)}", flush=True)
-            copied = share_warm_start(run, siblings)
-            if copied:
-                print(f"{tag}: warm start copied: {', '.join(copied)}", flush=True)
-            start_eval = share_start_evaluation(run, siblings)
-            if start_eval:
-                print(f"{tag}: start evaluation copied from {start_eval} (used if played after the "
-                      f"same warm start)", flush=True)
-            t0 = time.monotonic()
-            rc = launch(run, spec, args.steps, env)
-            run.state, run.last_step = results_lib.run_state(run)
-            if rc != 0 or run.state != "done":
-                failed.append(run.name)
-            print(f"{tag}: {run.state} in {_hms(time.monotonic() - t0)} | elapsed "
-                  f"{_hms(time.monotonic() - started)}", flush=True)
-            results_lib.write_results(runs, len(args.seeds), args.out)
+    failed = [] if args.table_only else run_grid(grid, runs, siblings, args)
     results_lib.write_results(runs, len(args.seeds), args.out)
     print(f"results: {os.path.join(args.out, 'results.md')}")
     if args.export:
-        records = export(runs, args)
+        records = grid_export.export(runs, args, plan, SETTINGS)
         results_lib.write_results(records, None, args.export)  # seeds counted per setting
         held = sum(r.state == "done" for r in records)
         print(f"records of {held} of {len(records)} runs in {args.export}; "
               f"results: {os.path.join(args.export, 'results.md')}")
-    if not args.table_only and failed:
+    if failed:
         print(f"{len(failed)} run(s) did not finish: {', '.join(failed)}", file=sys.stderr)
         return 1
     return 0

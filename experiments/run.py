@@ -2,7 +2,9 @@
 
 `--config` takes a config file (a bare name resolves against experiments/configs/), optionally
 with variants after a colon (`single_task.py:baseline`); `--config.section.key=value` overrides
-any setting; `--workdir` chooses where checkpoints, logs and the report go. A run restarted with
+any setting; `--workdir` chooses where checkpoints, logs and the report go; `--cache_from=DIR[,DIR]`
+names sibling runs' workdirs whose finished warm start and start evaluation this run may take
+where its own workdir has none (each only if built under this run's settings). A run restarted with
 the same workdir resumes from its newest valid checkpoint. A bad config is reported one line per
 problem, before any training, with exit status 2; so are a workdir another run is using and a
 missing packaged asset (the line names the command that installs it) and a model or tokenizer
@@ -22,11 +24,12 @@ import sys
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(_HERE))
 
-USAGE = __doc__.split("\n\n")[0] + "\n\nFlags: --config=FILE[:VARIANTS]  --config.KEY=VALUE ...  --workdir=DIR"
+USAGE = (__doc__.split("\n\n")[0] + "\n\nFlags: --config=FILE[:VARIANTS]  --config.KEY=VALUE ...  "
+         "--workdir=DIR  --cache_from=DIR[,DIR]")
 
 
-def parse_args(argv: list[str]) -> tuple[str, list[str], str]:
-    spec, overrides, workdir = "single_task.py", [], "workdir"
+def parse_args(argv: list[str]) -> tuple[str, list[str], str, tuple[str, ...]]:
+    spec, overrides, workdir, cache_from = "single_task.py", [], "workdir", ()
     for arg in argv:
         if arg in ("-h", "--help", "--helpshort"):
             print(USAGE)
@@ -37,14 +40,16 @@ def parse_args(argv: list[str]) -> tuple[str, list[str], str]:
             overrides.append(arg[len("--config."):])
         elif arg.startswith("--workdir="):
             workdir = arg[len("--workdir="):]
+        elif arg.startswith("--cache_from="):
+            cache_from = tuple(d for d in arg[len("--cache_from="):].split(",") if d)
         else:
             print(f"error: unknown argument {arg!r}\n{USAGE}", file=sys.stderr)
             sys.exit(2)
-    return spec, overrides, workdir
+    return spec, overrides, workdir, cache_from
 
 
 def main(argv: list[str]) -> None:
-    spec, overrides, workdir = parse_args(argv)
+    spec, overrides, workdir, cache_from = parse_args(argv)
     from crl_jax.assets import BadModelFile, MissingAsset
     from crl_jax.run.checkpoint import SaveFailed
     from crl_jax.config import ConfigError
@@ -61,7 +66,7 @@ def main(argv: list[str]) -> None:
 
         # The trainer raises ConfigError too, for what only the built run can tell (e.g. an
         # update that does not fit in device memory), before any training.
-        trainer.main(cfg, workdir)
+        trainer.main(cfg, workdir, cache_from)
     except ConfigError as err:
         for problem in err.problems:
             print(f"config error: {problem}", file=sys.stderr)

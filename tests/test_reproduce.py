@@ -1,7 +1,6 @@
 """experiments/reproduce_results.py on synthetic metrics logs: Table 1 cells against numpy, missing
 runs reported as missing (never as zeros), rollout-time ratio, curves written."""
 
-import filecmp
 import importlib.util
 import json
 import os
@@ -12,6 +11,7 @@ import numpy as np
 import pytest
 
 from crl_jax.config import WarmStartConfig
+from crl_jax.run.checkpoint import portable_copy
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _spec = importlib.util.spec_from_file_location(
@@ -265,18 +265,19 @@ def test_methods_of_one_seed_share_the_warm_start_halves_they_agree_on(tmp_path)
     finish(baseline, "actor")
     assert rp.describe_warm_start(crl, grid) == f"actor from {baseline.name}, extractor to train"
     assert rp.describe_warm_start(baseline, grid) == ""  # has what it needs
-    assert rp.share_warm_start(crl, grid) == [f"actor from {baseline.name}"]
-    assert has(crl, "actor") and not has(crl, "extractor")
+    assert rp.cache_sources(crl, grid) == [baseline.workdir]
+    assert f"--cache_from={baseline.workdir}" in rp.command(crl, "single_task.py", None,
+                                                             rp.cache_sources(crl, grid))
     finish(crl, "extractor")
     for method in ("static", "exp_only"):
         run = by_name[(method, 0)]
-        assert sorted(rp.share_warm_start(run, grid)) == [f"actor from {baseline.name}",
-                                                          f"extractor from {crl.name}"]
-        assert has(run, "actor") and has(run, "extractor")
-        assert rp.share_warm_start(run, grid) == []  # it has both now
-    assert rp.share_warm_start(baseline, grid) == []
-    assert rp.share_warm_start(by_name[("static", 1)], grid) == []
-    assert not os.path.exists(by_name[("static", 1)].workdir + "/warm_start")
+        assert rp.describe_warm_start(run, grid) == (f"actor from {baseline.name}, "
+                                                     f"extractor from {crl.name}")
+        assert rp.cache_sources(run, grid) == [baseline.workdir, crl.workdir]
+        assert not has(run, "actor")  # the grid copies nothing: the trainer takes them
+    assert rp.cache_sources(baseline, grid) == []
+    assert rp.cache_sources(by_name[("static", 1)], grid) == []
+    assert "--cache_from" not in " ".join(rp.command(baseline, "single_task.py", None, []))
 
 
 def test_methods_that_differ_only_in_training_share_the_start_evaluation(tmp_path):
@@ -296,17 +297,18 @@ def test_methods_that_differ_only_in_training_share_the_start_evaluation(tmp_pat
     for method in ("static", "exp_only"):
         run = by_name[(method, 0)]
         assert rp.start_eval_source(run, grid) is crl
-        assert rp.share_start_evaluation(run, grid) == crl.name
-        assert filecmp.cmp(os.path.join(run.workdir, rp.START_EVAL_FILE),
-                           os.path.join(crl.workdir, rp.START_EVAL_FILE), shallow=False)
-        assert rp.share_start_evaluation(run, grid) == ""  # it has one now
+        assert rp.cache_sources(run, grid) == [crl.workdir]
     for name in (("baseline", 0), ("static", 1), ("crl", 1)):
-        assert rp.share_start_evaluation(by_name[name], grid) == ""
-        assert not os.path.exists(os.path.join(by_name[name].workdir, rp.START_EVAL_FILE))
-    past_step_0 = by_name[("static", 0)]
-    os.remove(os.path.join(past_step_0.workdir, rp.START_EVAL_FILE))
+        assert rp.start_eval_source(by_name[name], grid) is None
+        assert rp.cache_sources(by_name[name], grid) == []
+    has_its_own = by_name[("static", 0)]
+    os.makedirs(has_its_own.workdir)
+    shutil.copyfile(os.path.join(crl.workdir, rp.START_EVAL_FILE),
+                    os.path.join(has_its_own.workdir, rp.START_EVAL_FILE))
+    assert rp.start_eval_source(has_its_own, grid) is None
+    past_step_0 = by_name[("exp_only", 0)]
     past_step_0.last_step = 0
-    assert rp.share_start_evaluation(past_step_0, grid) == ""
+    assert rp.start_eval_source(past_step_0, grid) is None
 
 
 def test_export_keeps_the_warm_start_so_a_later_grid_pairs_new_methods(tmp_path):
@@ -334,19 +336,21 @@ def test_export_keeps_the_warm_start_so_a_later_grid_pairs_new_methods(tmp_path)
     for run in (baseline, crl):
         write_run(run.workdir, rng, PREFIXES[run.method])
     finish_warm_start(baseline, "actor", "actor weights")
-    assert rp.share_warm_start(crl, grid) == [f"actor from {baseline.name}"]
+    # Comp. RL's trainer took the baseline's actor (--cache_from): a portable copy of it.
+    portable_copy(os.path.join(baseline.workdir, "warm_start", "actor", "checkpoint"),
+                  os.path.join(crl.workdir, "warm_start", "actor", "checkpoint"))
     finish_warm_start(crl, "extractor", "extractor weights")
     for run in grid:
         run.state, run.last_step = rr.run_state(run)
 
-    assert rp.export_warm_starts(grid, str(out), str(dest)) == [
+    assert rp.grid_export.export_warm_starts(grid, str(out), str(dest)) == [
         f"actor of {baseline.name}", f"extractor of {crl.name}"]  # crl's actor is the baseline's
     kept = dest / "single" / "baseline" / "seed0" / "warm_start" / "actor"
     assert sorted(os.listdir(kept)) == ["checkpoint", "metrics.jsonl"]
     assert (kept / "checkpoint" / "1" / "params").read_text() == "actor weights"
     assert sorted(os.listdir(kept / "checkpoint" / "1")) == ["params"]  # no note naming `out`
     assert not (dest / "single" / "crl" / "seed0" / "warm_start" / "actor").exists()
-    assert rp.export_warm_starts(grid, str(out), str(dest)) == []  # nothing new
+    assert rp.grid_export.export_warm_starts(grid, str(out), str(dest)) == []  # nothing new
 
     # Another machine: the records copied into a new --out; the static method added there starts
     # from the recorded actor and extractor, not from a retrained one.
@@ -356,15 +360,15 @@ def test_export_keeps_the_warm_start_so_a_later_grid_pairs_new_methods(tmp_path)
     assert again["baseline"].state == "done" and again["static"].state == "missing"
     assert rp.describe_warm_start(again["static"], list(again.values())) == (
         "actor from single/baseline/seed0, extractor from single/crl/seed0")
-    assert sorted(rp.share_warm_start(again["static"], list(again.values()))) == [
-        "actor from single/baseline/seed0", "extractor from single/crl/seed0"]
-    static_actor = os.path.join(again["static"].workdir, "warm_start", "actor", "checkpoint", "1", "params")
-    assert open(static_actor).read() == "actor weights"
+    assert rp.cache_sources(again["static"], list(again.values())) == [
+        again["baseline"].workdir, again["crl"].workdir]
+    recorded_actor = os.path.join(again["baseline"].workdir, "warm_start", "actor", "checkpoint", "1", "params")
+    assert open(recorded_actor).read() == "actor weights"
 
     # The baseline rerun from a retrained actor: its record's warm start is replaced.
     shutil.rmtree(os.path.join(baseline.workdir, "warm_start"))
     finish_warm_start(baseline, "actor", "retrained actor weights")
-    assert rp.export_warm_starts([baseline], str(out), str(dest)) == [f"actor of {baseline.name}"]
+    assert rp.grid_export.export_warm_starts([baseline], str(out), str(dest)) == [f"actor of {baseline.name}"]
     assert (kept / "checkpoint" / "1" / "params").read_text() == "retrained actor weights"
 
 
@@ -392,10 +396,10 @@ def test_export_keeps_an_unfinished_runs_warm_start_but_not_a_stale_ones(tmp_pat
     stale.state, stale.last_step = rr.run_state(stale)
     assert stale.state == "stale"
 
-    assert rp.export_warm_starts([*grid.values(), stale], str(out), str(dest)) == [
+    assert rp.grid_export.export_warm_starts([*grid.values(), stale], str(out), str(dest)) == [
         f"actor of {static.name}", f"extractor of {static.name}"]
     assert not (dest / "single" / "baseline" / "seed1").exists()
-    assert rp.recorded_runs(str(dest)) == []  # a warm start alone is not a run to tabulate
+    assert rp.grid_export.recorded_runs(str(dest)) == []  # a warm start alone is not a run to tabulate
 
     shutil.copytree(dest, later)
     again = {r.method: r for r, _ in rp.plan(settings, list(rr.METHODS), [0], STEPS, str(later))}

@@ -59,9 +59,9 @@ def start_eval_digest(cfg: RunConfig, warm_start: dict) -> str:
 
 class Evaluator:
     def __init__(self, cfg: RunConfig, test_tasks: list[dict], play: PlayFn, has_bank: bool,
-                 workdir: str, hosts=None):
+                 workdir: str, hosts=None, cache_from: tuple[str, ...] = ()):
         self.cfg, self.test_tasks, self.play, self.has_bank = cfg, test_tasks, play, has_bank
-        self.workdir, self.hosts = workdir, hosts
+        self.workdir, self.hosts, self.cache_from = workdir, hosts, tuple(cache_from)
 
     def evaluate(self, step: int, salt: int = 100) -> dict[str, float]:
         """Test-split success and actions, without and (if there is a bank) with experience."""
@@ -93,24 +93,35 @@ class Evaluator:
 
     def start_evaluation(self, warm_start: dict) -> dict[str, float]:
         """The evaluation before the first RL step, at step 0's bank state with its own sampling
-        seeds, kept under start_eval_digest(config, `warm_start`)."""
+        seeds, kept under start_eval_digest(config, `warm_start`); taken from this workdir or,
+        failing that, from the first sibling workdir in `cache_from` that kept one under the
+        same digest."""
         path = os.path.join(self.workdir, START_EVAL_FILE)
         digest = start_eval_digest(self.cfg, warm_start)
         kept = None
-        try:
-            with open(path) as f:
-                record = json.load(f)
-            kept = record["metrics"] if record["digest"] == digest else None
-        except (OSError, ValueError, KeyError, TypeError):
-            pass  # none yet, or not one this code wrote: play the evaluation
+        for folder in (self.workdir, *self.cache_from):
+            kept = _kept_metrics(os.path.join(folder, START_EVAL_FILE), digest)
+            if kept is not None:
+                break
         found = int(kept is not None)
         # Every host plays the evaluation or none does (it runs collectives): all must have it.
         if (min(self.hosts.allgather(found)) if self.hosts else found):
-            log.info("start evaluation: kept from an earlier start of this run (%s)", path)
-            return kept
-        metrics = self.evaluate(0, salt=200)
+            log.info("start evaluation: kept from an earlier start of this run or a sibling's")
+            metrics = kept
+        else:
+            metrics = self.evaluate(0, salt=200)
         if jax.process_index() == 0:
             with open(path + ".tmp", "w") as f:
                 json.dump({"digest": digest, "metrics": metrics}, f)
             os.replace(path + ".tmp", path)  # never a half-written record
         return metrics
+
+
+def _kept_metrics(path: str, digest: str) -> dict | None:
+    """The metrics of the start evaluation kept at `path` under `digest`, else None."""
+    try:
+        with open(path) as f:
+            record = json.load(f)
+        return record["metrics"] if record["digest"] == digest else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # none yet, or not one this code wrote

@@ -76,6 +76,8 @@ class WarmStartInputs:
     # The signal that asks the run to stop (0: none), read between the halves: the actor's is
     # cached by then, so a stop there loses no finished work (see crl_jax.run.graceful_stop).
     stop_signal: Callable[[], int] | None = None
+    # Sibling runs' workdirs whose finished halves this one may take (HalfCache.adopt).
+    cache_from: tuple[str, ...] = ()
 
 
 def _result(actor: tuple, extractor: tuple | None):
@@ -100,12 +102,14 @@ def run_warm_start(cfg: WarmStartConfig, inputs: WarmStartInputs, workdir: str):
     fingerprint = inputs.tokenizer.fingerprint
     actor_cache = HalfCache(os.path.join(folder, "actor"),
                             cache_digest(actor_settings(cfg), inputs.identity["actor"], fingerprint))
-    actor = actor_cache.load(inputs.actor_state.params)
+    actor = (actor_cache.load(inputs.actor_state.params)
+             or actor_cache.adopt(inputs.actor_state.params, inputs.cache_from, "actor"))
     extractor_cache, extractor = None, None
     if inputs.extractor_state is not None:
         extractor_cache = HalfCache(os.path.join(folder, "extractor"),
                                     cache_digest(dataclasses.asdict(cfg), inputs.identity, fingerprint))
-        extractor = extractor_cache.load(inputs.extractor_state.params)
+        extractor = (extractor_cache.load(inputs.extractor_state.params)
+                     or extractor_cache.adopt(inputs.extractor_state.params, inputs.cache_from, "extractor"))
     if actor is not None and (extractor_cache is None or extractor is not None):
         return _result(actor, extractor)
 
@@ -209,7 +213,7 @@ def _train_extractor(cfg: WarmStartConfig, inputs: WarmStartInputs, demos, folde
 def warm_start_states(cfg: RunConfig, workdir: str, tokenizer, train_tasks: list[dict], mesh,
                       extractor_mesh, actor_state: TrainState, extractor_state: TrainState,
                       with_extractor: bool, generate: Generate | None = None,
-                      stop_signal: Callable[[], int] | None = None):
+                      stop_signal: Callable[[], int] | None = None, cache_from: tuple[str, ...] = ()):
     """A run's warm start (`run_warm_start` with the inputs its config gives): (actor state,
     extractor state, summary), the states holding the warmed-up params. The extractor is
     fine-tuned only `with_extractor` (a run with a bank)."""
@@ -219,7 +223,8 @@ def warm_start_states(cfg: RunConfig, workdir: str, tokenizer, train_tasks: list
         train_tasks=train_tasks, max_turns=cfg.rollout.max_turns, actor_max_len=cfg.rl.max_seq_len,
         extractor_room=cfg.extractor.cache_length - cfg.extractor.max_new_tokens,
         extractor_max_len=cfg.extractor.cache_length, seed=cfg.seed, identity=cache_identity(cfg),
-        extractor_mesh=extractor_mesh, generate=generate, stop_signal=stop_signal)
+        extractor_mesh=extractor_mesh, generate=generate, stop_signal=stop_signal,
+        cache_from=tuple(cache_from))
     actor_params, extractor_params, summary = run_warm_start(cfg.warm_start, inputs, workdir)
     actor_state = actor_state.replace(params=actor_params)
     if extractor_params is not None:

@@ -18,7 +18,7 @@ import jax
 import numpy as np
 
 from crl_jax.config import RunConfig, WarmStartConfig
-from crl_jax.run.checkpoint import Checkpointer, CheckpointError, config_digest
+from crl_jax.run.checkpoint import Checkpointer, CheckpointError, config_digest, portable_copy
 
 log = logging.getLogger("crl_jax")
 
@@ -61,6 +61,11 @@ def cache_digest(settings: dict, identity: dict, tokenizer_fingerprint) -> str:
                           "tokenizer": tokenizer_fingerprint})
 
 
+def finished(checkpoint_folder: str) -> bool:
+    """Whether a half's checkpoint folder holds a saved step."""
+    return os.path.isdir(checkpoint_folder) and any(n.isdigit() for n in os.listdir(checkpoint_folder))
+
+
 class HalfCache:
     """One half's folder: its checkpoint (params + summary) and its training curves."""
 
@@ -86,6 +91,25 @@ class HalfCache:
             return None
         log.info("warm start: reusing %s (built in %.0f s)", self.folder, summary.get("time_s", 0.0))
         return tree["params"], summary
+
+    def adopt(self, params, sources, half: str) -> tuple[object, dict] | None:
+        """(params, summary) of a finished `half` taken from the first of the sibling workdirs
+        `sources` whose cache was built under this one's digest: copied into this folder and
+        loaded as its own (a copy under another digest is dropped, as `load` drops any)."""
+        own = os.path.join(self.folder, "checkpoint")
+        for source in sources:
+            theirs = os.path.join(source, "warm_start", half, "checkpoint")
+            if os.path.abspath(theirs) == os.path.abspath(own) or not finished(theirs):
+                continue
+            self.checkpointer.close()
+            shutil.rmtree(own, ignore_errors=True)
+            portable_copy(theirs, own)
+            self.checkpointer = self._open()
+            loaded = self.load(params)
+            if loaded is not None:
+                log.info("warm start: the %s half taken from %s", half, source)
+                return loaded
+        return None
 
     def save(self, params, summary: dict) -> None:
         self.checkpointer.save(1, {"params": params}, summary)

@@ -5,7 +5,7 @@ import json
 
 from crl_jax import trainer as trainer_lib
 from crl_jax.run import episodes
-from crl_jax.warm_start import params_fingerprint
+from crl_jax.warm_start import params_fingerprint, summary_metrics
 
 WARM = {
     "tasks": ("test/corridor",), "steps": 2,
@@ -77,3 +77,22 @@ def test_warm_start_runs_before_rl_and_is_reported(make_config, tmp_path):
     assert f"{summary['actor_fingerprint']:012x}" in report
     for half, rows in (("actor", 6), ("extractor", 2)):                # nothing retrained
         assert len((tmp_path / "warm_start" / half / "metrics.jsonl").read_text().splitlines()) == rows
+
+    # A sibling run given this workdir (--cache_from) takes both halves and the start evaluation
+    # instead of training and playing them; the copies are its own from then on.
+    sibling_dir = tmp_path / "sibling"
+    sibling = trainer_lib.Trainer(cfg, str(sibling_dir), cache_from=(str(tmp_path),))
+    taken = sibling.warm_start()
+    assert taken["actor_fingerprint"] == first["warm_start/actor_fingerprint"]
+    assert taken["extractor"]["probe"] == summary["extractor"]["probe"]
+    assert not (sibling_dir / "warm_start" / "actor" / "metrics.jsonl").exists()  # not retrained
+    assert (sibling_dir / "warm_start" / "actor" / "checkpoint").is_dir()
+    start = sibling.evaluator.start_evaluation(summary_metrics(taken))
+    # Not played again: the very figures of the first run, its wall time included.
+    assert start == {k[len("start/"):]: v for k, v in first.items() if k.startswith("start/")}
+
+    # A sibling under other warm-start settings trains its own: the digest does not match.
+    other_cfg = make_config(**{**WARM, "warm_start": {**WARM["warm_start"], "actor_steps": 5}})
+    other = trainer_lib.Trainer(other_cfg, str(tmp_path / "other"), cache_from=(str(tmp_path),))
+    assert other.warm_start()["actor"]["steps"] == 5
+    assert len((tmp_path / "other" / "warm_start" / "actor" / "metrics.jsonl").read_text().splitlines()) == 5
