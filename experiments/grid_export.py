@@ -5,6 +5,7 @@ output, so a later grid on another machine pairs the methods it adds with the re
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import filecmp
 import glob
 import os
@@ -75,6 +76,28 @@ def recorded_runs(dest: str) -> list[tuple[str, str, int]]:
     return sorted(found)
 
 
+def export_records(runs: list[Run], out_dir: str, dest: str) -> list[Run]:
+    """Copy the record (results_lib.RECORD_FILES) of every finished run of `runs`, whose workdirs lie under
+    `out_dir`, to the same relative place under `dest`; return the runs as they stand in `dest`.
+
+    A records folder is itself a grid output: `--table-only` rebuilds its tables, and a later grid
+    whose `--out` holds copies of these folders counts the runs as done, so a grid can be extended
+    on another machine after its workdirs are gone. A run that is not finished here leaves the
+    record already in `dest` (if any) as it is."""
+    exported = []
+    for run in runs:
+        target = os.path.join(dest, os.path.relpath(run.workdir, out_dir))
+        if run.state == "done":
+            os.makedirs(target, exist_ok=True)
+            for name in results_lib.RECORD_FILES:
+                if os.path.exists(os.path.join(run.workdir, name)):  # config.json: not on old runs
+                    shutil.copyfile(os.path.join(run.workdir, name), os.path.join(target, name))
+        copy = dataclasses.replace(run, workdir=target)
+        copy.state, copy.last_step = results_lib.run_state(copy)
+        exported.append(copy)
+    return exported
+
+
 def export(runs: list[Run], args: argparse.Namespace, plan, settings_known: dict) -> list[Run]:
     """Copy the records of `runs` to `args.export`; return the runs its results cover: these, and
     every other record the folder holds (an earlier machine's seeds, another setting or method),
@@ -84,7 +107,7 @@ def export(runs: list[Run], args: argparse.Namespace, plan, settings_known: dict
     expected seed. A record of a setting that is neither named here nor a default one cannot be
     planned (its config is unknown): it is left out, with a warning."""
     exported, never_run = {}, []
-    for run, r in zip(runs, results_lib.export_records(runs, args.out, args.export)):
+    for run, r in zip(runs, export_records(runs, args.out, args.export)):
         # A run named here that was never started (nothing under --out, no record in the folder)
         # would count as an expected seed of its setting in the folder's tables: cells would read
         # "(3/5)" for two seeds run nowhere. An unfinished run still counts.

@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 import sys
 
 import numpy as np
@@ -369,28 +368,6 @@ def render_markdown(results: dict) -> str:
     for setting, s in results["settings"].items():
         out += _setting_markdown(setting, s)
     return "\n".join(out).rstrip() + "\n"
-
-
-def export_records(runs: list[Run], out_dir: str, dest: str) -> list[Run]:
-    """Copy the record (RECORD_FILES) of every finished run of `runs`, whose workdirs lie under
-    `out_dir`, to the same relative place under `dest`; return the runs as they stand in `dest`.
-
-    A records folder is itself a grid output: `--table-only` rebuilds its tables, and a later grid
-    whose `--out` holds copies of these folders counts the runs as done, so a grid can be extended
-    on another machine after its workdirs are gone. A run that is not finished here leaves the
-    record already in `dest` (if any) as it is."""
-    exported = []
-    for run in runs:
-        target = os.path.join(dest, os.path.relpath(run.workdir, out_dir))
-        if run.state == "done":
-            os.makedirs(target, exist_ok=True)
-            for name in RECORD_FILES:
-                if os.path.exists(os.path.join(run.workdir, name)):  # config.json: not on old runs
-                    shutil.copyfile(os.path.join(run.workdir, name), os.path.join(target, name))
-        copy = dataclasses.replace(run, workdir=target)
-        copy.state, copy.last_step = run_state(copy)
-        exported.append(copy)
-    return exported
 
 
 def write_results(runs: list[Run], seeds: int | None, out_dir: str) -> dict:

@@ -354,7 +354,7 @@ def test_export_keeps_the_warm_start_so_a_later_grid_pairs_new_methods(tmp_path)
 
     # Another machine: the records copied into a new --out; the static method added there starts
     # from the recorded actor and extractor, not from a retrained one.
-    rr.export_records(grid, str(out), str(dest))
+    rp.grid_export.export_records(grid, str(out), str(dest))
     shutil.copytree(dest, later)
     again = {r.method: r for r, _ in rp.plan(settings, list(rr.METHODS), [0], STEPS, str(later))}
     assert again["baseline"].state == "done" and again["static"].state == "missing"
@@ -423,7 +423,7 @@ def test_exported_records_rebuild_the_table_and_add_to_earlier_ones(grid, tmp_pa
             for r in results["settings"]["three"]["runs"]]
     for run in runs:
         run.state, run.last_step = rr.run_state(run)
-    records = rr.export_records(runs, str(out), str(dest))
+    records = _load_reproduce().grid_export.export_records(runs, str(out), str(dest))
     assert sorted(os.listdir(dest / "baseline" / "seed0")) == ["metrics.jsonl", "report.md"]
     assert not (dest / "static").exists()  # nothing finished, nothing copied
     states = {r.name: r.state for r in records}

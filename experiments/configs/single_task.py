@@ -83,6 +83,26 @@ def base_config() -> config_dict.ConfigDict:
     return config_dict.ConfigDict(c)
 
 
+def _paper_scale(c: config_dict.ConfigDict) -> None:
+    """The paper's scale (TPU/GPU): Qwen2.5-7B actor at 32k tokens, Qwen3-4B extractor at 64k."""
+    # The checkpoint folders are config values that must be given:
+    # --config.actor.path=/ckpt/Qwen2.5-7B-Instruct --config.extractor_model.path=/ckpt/Qwen3-4B
+    # --config.memory.embedder=/ckpt/Qwen3-Embedding-0.6B
+    c.actor.update(preset="qwen2.5-7b", dtype="bfloat16", param_dtype="bfloat16", remat="full")
+    c.extractor_model.update(preset="qwen3-4b", dtype="bfloat16", param_dtype="bfloat16", remat="full")
+    c.tokenizer = "actor"
+    c.steps = 145
+    c.rollout.update(groups_per_step=16, group_size=8, free_per_group=4, max_new_tokens=4096,
+                     cache_length=32768, max_turns=30)
+    c.actor.path = c.extractor_model.path = c.memory.embedder = "REQUIRED: a checkpoint folder"
+    c.memory.update(warmup_steps=5, merge_every=5)
+    c.warm_start.enabled = False  # pretrained models
+    c.extractor.update(batch_size=64, max_new_tokens=8192, cache_length=65536)
+    c.rl.update(learning_rate=1e-6, extractor_learning_rate=1e-6, max_seq_len=32768,
+                micro_batches=2, old_logprobs="recompute")
+    c.mesh_shape = (1, -1, 4)
+
+
 def apply_variant(c: config_dict.ConfigDict, variant: str) -> None:
     if variant == "dark":
         c.tasks = ("minihack/room-ultimate-5x5",)
@@ -103,22 +123,7 @@ def apply_variant(c: config_dict.ConfigDict, variant: str) -> None:
     elif variant == "cross_group":
         c.rl.advantage_split = "batch"
     elif variant == "paper":
-        # Paper scale (TPU/GPU): the checkpoint folders are config values that must be given:
-        # --config.actor.path=/ckpt/Qwen2.5-7B-Instruct --config.extractor_model.path=/ckpt/Qwen3-4B
-        # --config.memory.embedder=/ckpt/Qwen3-Embedding-0.6B
-        c.actor.update(preset="qwen2.5-7b", dtype="bfloat16", param_dtype="bfloat16", remat="full")
-        c.extractor_model.update(preset="qwen3-4b", dtype="bfloat16", param_dtype="bfloat16", remat="full")
-        c.tokenizer = "actor"
-        c.steps = 145
-        c.rollout.update(groups_per_step=16, group_size=8, free_per_group=4, max_new_tokens=4096,
-                         cache_length=32768, max_turns=30)
-        c.actor.path = c.extractor_model.path = c.memory.embedder = "REQUIRED: a checkpoint folder"
-        c.memory.update(warmup_steps=5, merge_every=5)
-        c.warm_start.enabled = False  # pretrained models
-        c.extractor.update(batch_size=64, max_new_tokens=8192, cache_length=65536)
-        c.rl.update(learning_rate=1e-6, extractor_learning_rate=1e-6, max_seq_len=32768,
-                    micro_batches=2, old_logprobs="recompute")
-        c.mesh_shape = (1, -1, 4)
+        _paper_scale(c)
     elif variant == "smollm2":
         c.actor.path = "smollm2"
         c.extractor_model.path = "smollm2"
