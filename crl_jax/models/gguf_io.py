@@ -279,7 +279,7 @@ def _token(meta: dict, key: str) -> str | None:
 
 def gguf_to_hf_folder(path, out_dir) -> Path:
     """Write a standard HF folder (config, float32 safetensors, tokenizer, generation config)."""
-    from safetensors.numpy import save_file
+    from crl_jax.models.safetensors_file import save_file
 
     reader = _open(path)
     meta = read_metadata(reader)

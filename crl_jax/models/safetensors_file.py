@@ -1,9 +1,10 @@
-"""Minimal safetensors reading (memory-mapped, lazy) and writing, bfloat16 included.
+"""Safetensors reading (memory-mapped, lazy, validated) and atomic writing, bfloat16 included.
 
 The format is an 8-byte little-endian header length, a JSON header (name -> dtype, shape, byte
 offsets), then raw little-endian tensor bytes. Reading through numpy memory maps means a tensor is
 only paged in when a shard of it is actually used, and bfloat16 works through ml_dtypes without
-needing torch.
+needing torch; the reader is kept because it turns every malformed header, offset or size into one
+BadModelFile line naming the file. Writing goes through the `safetensors` package.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ _DTYPES = {
     "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8,
     "BOOL": np.bool_,
 }
-_NAMES = {np.dtype(v): k for k, v in _DTYPES.items()}
 
 
 class SafetensorsFile:
@@ -86,24 +86,11 @@ class SafetensorsFile:
 
 
 def save_file(tensors: dict[str, np.ndarray], path: str, metadata: dict[str, str] | None = None):
-    """Write `tensors` as one .safetensors file (atomically: temp file, then rename)."""
-    header: dict = {"__metadata__": metadata or {"format": "pt"}}
-    offset = 0
-    arrays = {}
-    for name, array in tensors.items():
-        array = np.ascontiguousarray(array)
-        if array.dtype not in _NAMES:
-            raise ValueError(f"cannot save tensor {name} of dtype {array.dtype}")
-        arrays[name] = array
-        header[name] = {"dtype": _NAMES[array.dtype], "shape": list(array.shape),
-                        "data_offsets": [offset, offset + array.nbytes]}
-        offset += array.nbytes
-    encoded = json.dumps(header, separators=(",", ":")).encode()
-    encoded += b" " * (-len(encoded) % 8)  # keep tensor data 8-byte aligned
+    """Write `tensors` as one .safetensors file with the `safetensors` package, atomically (a temp
+    file, then a rename), so a crash never leaves a half-written model behind."""
+    from safetensors.numpy import save_file as write
+
     tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(struct.pack("<Q", len(encoded)))
-        f.write(encoded)
-        for array in arrays.values():
-            f.write(array.tobytes())
+    write({name: np.ascontiguousarray(array) for name, array in tensors.items()}, tmp,
+          metadata=metadata or {"format": "pt"})
     os.replace(tmp, path)
