@@ -7,15 +7,19 @@ from crl_jax.rollout.experience import ExperienceService
 
 
 class ScriptedExtractor:
-    """Replays merge replies in order (the service's extractor interface: generate(params,
-    conversations, seed, kind) -> [(text, generation)])."""
+    """Replays replies in order (the service's extractor interface: generate(params,
+    conversations, seed, kind) -> [(text, generation)]), each with a generation of its own."""
 
     def __init__(self, replies):
-        self.replies, self.kinds = list(replies), []
+        self.replies, self.kinds, self.made = list(replies), [], []
 
     def generate(self, params, conversations, *, seed, kind):
         self.kinds.append(kind)
-        return [(self.replies.pop(0), Generation([1], [2], kind=kind)) for _ in conversations]
+        out = []
+        for _ in conversations:
+            self.made.append(Generation([900 + len(self.made)], [2], kind=kind))
+            out.append((self.replies.pop(0), self.made[-1]))
+        return out
 
 
 def _item(title, content):
