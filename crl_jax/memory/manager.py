@@ -80,6 +80,9 @@ class MemoryManager:
         self.store = store if store is not None else TextStore()
         self.task_index = {t: i for i, t in enumerate(cfg.tasks)}
         self.reasons: collections.Counter[str] = collections.Counter()
+        # Entries written and evicted, cumulative: "added", "updated", "evicted" (not saved: the
+        # per-step metrics derived from them are).
+        self.writes: collections.Counter[str] = collections.Counter()
         self.lock = threading.RLock()
         self._deferred: list | None = None
 
@@ -158,6 +161,7 @@ class MemoryManager:
             np.full((a,), tid, np.int32), np.int32(step), mask)
         new_ids, evicted = jax.device_get((new_ids, evicted))
         gone = {int(i) for i in evicted if i != NEVER}
+        self.writes["evicted"] += len(gone - set(remove))  # for capacity, not the writer's removal
         entries = [Entry(int(i), task, title, content, query, int(step), gen)
                    for i, (title, content, query, gen) in zip(new_ids[:len(new)], new) if int(i) not in gone]
         self.store.apply(list(remove) + [i for i in gone if i in self.store], entries)
@@ -183,7 +187,10 @@ class MemoryManager:
             if reason != "ok":
                 return reason, []
             new = [(op.title, op.content, query, generation) for op in parsed.ops]
-            return reason, self._commit(task, targets, new, np.repeat(keys, len(new), axis=0), step)
+            written = self._commit(task, targets, new, np.repeat(keys, len(new), axis=0), step)
+            # A distillation that rewrites shown entries updates; one that only adds, adds.
+            self.writes["updated" if targets else "added"] += len(written)
+            return reason, written
 
     def delete_entries(self, entry_ids: Sequence[int], step: int) -> int:
         """Remove entries by id (unknown ids are an error, so nothing is half-done)."""

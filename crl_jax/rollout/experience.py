@@ -105,6 +105,7 @@ class ExperienceService:
         replies = self.extractor.generate(params, conversations, seed=self._gen_seed(step, 1),
                                           kind="distill")
         reasons: collections.Counter[str] = collections.Counter()
+        before = self._bank_writes()
         outputs = []
         for traj, entry, (text, gen) in zip(trajectories, entries, replies):
             reason, written = self.manager.distill(traj.spec.task, traj.query, text,
@@ -112,9 +113,17 @@ class ExperienceService:
             reasons[reason] += 1
             reasons["entries_written"] += len(written)
             outputs.append((traj.spec.task, reason, text, gen))
+        after = self._bank_writes()
+        reasons.update({k: n - before.get(k, 0) for k, n in after.items() if n != before.get(k, 0)})
         self.stats.update(reasons)
         self._keep_samples("distill", step, outputs)
         return dict(reasons)
+
+    def _bank_writes(self) -> dict[str, int]:
+        """The manager's cumulative counts of entries added, updated and evicted (distillations
+        run on one thread at a time, so the difference across one pass is that pass's)."""
+        with self.manager.lock:
+            return {f"entries_{k}": n for k, n in self.manager.writes.items()}
 
     def merge(self, params, step: int) -> dict[str, int]:
         """Run the periodic merge if `step` is due; returns its counts: extractor `calls`, entries

@@ -56,8 +56,9 @@ EVAL_WITH_EXP_EPISODES = key(EVAL_WITH_EXP, EPISODES)
 EVAL_WITHOUT_EXP_EPISODES = key(EVAL_WITHOUT_EXP, EPISODES)
 TOOL_CALL_RATE = "rollout/tool_call_rate"
 BANK_SIZE = "bank/size"
-BANK_ADDED, BANK_UPDATED, BANK_DELETED = "bank/added", "bank/updated", "bank/deleted"
-BANK_MERGED = "bank/merged"
+# Written by the distillations joined in a step (logged under "distill/") and by its merge.
+BANK_ADDED, BANK_UPDATED = "distill/entries_added", "distill/entries_updated"
+BANK_EVICTED, BANK_MERGED = "distill/entries_evicted", "bank/merge_removed"
 BANK_RETRIEVALS = "bank/retrievals"
 BANK_RETRIEVAL_HITS = "bank/retrieval_hits"
 BANK_REFINEMENTS = "bank/refinements"
@@ -87,9 +88,9 @@ METRIC_DOCS: dict[str, str] = {
     EVAL_WITHOUT_EXP_EPISODES: "number of test episodes behind the eval/without_exp means",
     TOOL_CALL_RATE: "mean search_and_ask calls per experience-guided episode",
     BANK_SIZE: "live entries in the experience bank after the step",
-    BANK_ADDED: "entries the extractor added this step",
-    BANK_UPDATED: "entries the extractor rewrote this step",
-    BANK_DELETED: "entries the extractor deleted this step",
+    BANK_ADDED: "entries the distillations joined this step added",
+    BANK_UPDATED: "entries the distillations joined this step wrote over entries they were shown",
+    BANK_EVICTED: "entries evicted for capacity by the distillations joined this step",
     BANK_MERGED: "entries removed by this step's merge (0 on steps without a merge)",
     BANK_RETRIEVALS: "retrievals made for this step's guided training episodes",
     BANK_RETRIEVAL_HITS: "of those, retrievals that injected an entry into the system prompt",

@@ -231,16 +231,18 @@ def _coevolution_section(rows: list[dict], config: dict) -> list[str]:
     """How much the two models co-evolved: extractor updates against RL steps, what each update
     trained on, and how the bank moved per step. Warns when the extractor trained on fewer than a
     quarter of the RL steps of a run that asked it to train."""
-    steps = len(series(rows, m.TRAIN_SUCCESS)[0])
-    if not steps or not len(series(rows, m.BANK_SIZE)[0]):
+    if not len(series(rows, m.TRAIN_SUCCESS)[0]) or not len(series(rows, m.BANK_SIZE)[0]):
         return []
+    # RL steps: those after the memory warm-up (the steps that retrieve and can train).
+    warmup = config.get("memory", {}).get("warmup_steps", 0)
+    steps = sum(1 for r in rows if m.TRAIN_SUCCESS in r and r.get("step", 0) >= warmup)
     updates = len(series(rows, m.EXTRACTOR_LOSS)[0])
     samples = series(rows, m.EXTRACTOR_SAMPLES)[1]
     lines = [f"- extractor updates: {updates} of {steps} RL steps"
              + (f", {samples.mean():.1f} generations per update" if len(samples) else "")]
     per_step = {name: _sum(rows, key) / steps for name, key in (
         ("added", m.BANK_ADDED), ("updated", m.BANK_UPDATED), ("merged away", m.BANK_MERGED),
-        ("deleted", m.BANK_DELETED))}
+        ("evicted", m.BANK_EVICTED))}
     lines.append("- bank entries per RL step: " + ", ".join(f"{k} {v:.2f}" for k, v in per_step.items()))
     share = series(rows, m.BANK_RETRIEVED_SHARE)[1]
     if len(share):

@@ -27,6 +27,7 @@ def test_each_outcome_reaches_only_the_generation_whose_output_the_episode_used(
     ids = {}
     for name, task in zip("abcd", ("room", "room", "maze", "maze")):
         _, (ids[name],) = manager.distill(task, f"query {name}", _add(name), [], 1, wrote[name])
+    assert manager.writes["added"] == 4 and manager.writes["updated"] == manager.writes["evicted"] == 0
     extractor = ScriptedExtractor([
         "<<<RETURN>>>",                                                           # room: a, b kept
         "<<<KNOWLEDGE_ITEM>>>\n<title>cd</title>\n<content>c and d</content>\n<<<END_ITEM>>>",  # maze
