@@ -249,12 +249,7 @@ class MiniHackExpert(ScriptedAgent):
             steps.append(((player, frozenset(bs), frozenset(ws)), d))
             nxt = (player[0] + d[0], player[1] + d[1])
             if nxt in bs:
-                ahead = (nxt[0] + d[0], nxt[1] + d[1])
-                bs.discard(nxt)
-                if ahead in ws:
-                    ws.discard(ahead)
-                else:
-                    bs.add(ahead)
+                pp.push_box(bs, ws, nxt, d)
             player = nxt
         path_to_goal = pp.walk_path(world, player, stairs, bs, ws)
         for d in path_to_goal or []:

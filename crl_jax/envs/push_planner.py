@@ -140,11 +140,17 @@ def plan_to_moves(world: PushWorld, player: Cell, boxes, water, pushes) -> list 
             return None
         moves.extend(path)
         moves.append(d)
-        ahead = _add(box, d)
-        boxes.discard(box)
-        if ahead in water:
-            water.discard(ahead)
-        else:
-            boxes.add(ahead)
+        push_box(boxes, water, box, d)
         player = box
     return moves
+
+
+def push_box(boxes: set, water: set, box, d) -> None:
+    """Push `box` one cell along `d`: into water it fills the cell (both are gone), else it
+    lands there."""
+    ahead = _add(box, d)
+    boxes.discard(box)
+    if ahead in water:
+        water.discard(ahead)
+    else:
+        boxes.add(ahead)
