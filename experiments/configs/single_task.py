@@ -52,10 +52,8 @@ def base_config() -> config_dict.ConfigDict:
     # for a family's four lessons (at 128 every merge of two or more distinct lessons was cut off
     # and lost); 896 tokens of room for a merge chunk with the lessons carried into it.
     # tests/test_experiment_configs.py checks both for every setting.
-    # Batch 4 (the paper's 64): a group's guided episodes share one query, so a step can use at
-    # most `groups_per_step` distinct entries (4 here; 16 in the paper), and B_phi grows by 0-3
-    # distinct generations a step. At 16 the extractor trained once in 20 steps; at 4, on 11 of
-    # the 18 RL steps (docs/embedded_default.md).
+    # Batch 4, not the paper's 64: a step uses at most groups_per_step distinct entries (a group's
+    # guided episodes share one query). At 16 the extractor trained once (docs/embedded_default.md).
     c.extractor = dict(train=True, batch_size=4, cooldown_steps=1, weight_power=0.5, max_new_tokens=384,
                        cache_length=1280, temperature=0.7, top_p=0.99)
     # Actor lr 8e-4: at 1e-4, twenty steps barely move a ~1M-parameter model. From one warm start,
