@@ -29,11 +29,7 @@ def base_config() -> config_dict.ConfigDict:
     c.tasks = ("minihack/room-ultimate-lit-5x5",)
     # Sized to finish on a 2-core CPU; the paper's scale is the `paper` variant.
     c.steps = 20
-    c.seed = 0
-    c.tokenizer = "word"
-    c.mesh_shape = (1, -1, 1)
-    c.data_dir = ""
-    c.log_every = 1
+    c.seed, c.tokenizer, c.mesh_shape, c.data_dir, c.log_every = 0, "word", (1, -1, 1), "", 1
     # Small enough for 15 minutes on two CPU cores, where attention over ~700-token episodes
     # dominates: a ~1M-parameter actor ("micro") and a ~0.1M extractor ("nano"), whose prompts
     # (instructions + whole transcript) are twice as long.
