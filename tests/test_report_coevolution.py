@@ -45,3 +45,9 @@ def test_rl_steps_are_counted_after_the_memory_warm_up(tmp_path):
     write_run(tmp_path, (2, 3, 5, 7), warmup=2)
     text = open(report.write_report(str(tmp_path)), encoding="utf-8").read()
     assert "- extractor updates: 4 of 6 RL steps" in text and "barely co-evolved" not in text
+
+
+def test_a_run_that_ends_within_the_memory_warm_up_has_no_rl_steps(tmp_path):
+    write_run(tmp_path, (), steps=2, warmup=2)
+    text = open(report.write_report(str(tmp_path)), encoding="utf-8").read()
+    assert "- extractor updates: 0 of 0 RL steps" in text and "barely co-evolved" not in text

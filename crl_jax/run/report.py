@@ -240,7 +240,7 @@ def _coevolution_section(rows: list[dict], config: dict) -> list[str]:
     samples = series(rows, m.EXTRACTOR_SAMPLES)[1]
     lines = [f"- extractor updates: {updates} of {steps} RL steps"
              + (f", {samples.mean():.1f} generations per update" if len(samples) else "")]
-    per_step = {name: _sum(rows, key) / steps for name, key in (
+    per_step = {name: _sum(rows, key) / max(steps, 1) for name, key in (
         ("added", m.BANK_ADDED), ("updated", m.BANK_UPDATED), ("merged away", m.BANK_MERGED),
         ("evicted", m.BANK_EVICTED))}
     lines.append("- bank entries per RL step: " + ", ".join(f"{k} {v:.2f}" for k, v in per_step.items()))
