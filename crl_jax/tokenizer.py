@@ -26,7 +26,7 @@ import numpy as np
 import tokenizers
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 
-from crl_jax.assets import REDOWNLOAD, BadModelFile
+from crl_jax.assets import REDOWNLOAD, BadModelFile, read_json
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 # Tags the method's prompts use; single tokens in the word-level tokenizer.
@@ -244,12 +244,7 @@ class Tokenizer:
 
 
 def _read_json(path: Path) -> dict:
-    if not path.is_file():
-        return {}
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, ValueError) as err:
-        raise BadModelFile(f"{path}: unreadable JSON ({type(err).__name__}); {REDOWNLOAD}") from None
+    return read_json(path) if path.is_file() else {}
 
 
 def _backend_via_transformers(folder: Path) -> tokenizers.Tokenizer:

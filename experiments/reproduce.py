@@ -66,6 +66,7 @@ from crl_jax.config import ConfigError, to_dict  # noqa: E402
 from crl_jax.run.config_loading import load_config  # noqa: E402
 from crl_jax.run.evaluation import START_EVAL_FILE, start_eval_identity  # noqa: E402
 from crl_jax.warm_start import cache_identity  # noqa: E402
+from crl_jax.warm_start.cache import finished  # noqa: E402
 
 import grid_export  # noqa: E402
 from grid_launch import _hms, child_env, command, launch, overrides  # noqa: E402
@@ -111,11 +112,6 @@ def plan(settings: dict[str, str], methods: list[str], seeds: list[int], steps: 
     return grid
 
 
-def _warm_start_done(workdir: str, half: str) -> bool:
-    checkpoint = os.path.join(workdir, "warm_start", half, "checkpoint")
-    return os.path.isdir(checkpoint) and any(n.isdigit() for n in os.listdir(checkpoint))
-
-
 def _halves_agree(half: str, mine: dict, other: dict | None) -> bool:
     if other is None:
         return False
@@ -138,7 +134,8 @@ def warm_start_sources(run: Run, runs: list[Run]) -> dict[str, Run | None]:
             continue
         sources[half] = next((other for other in runs if other.workdir != run.workdir
                               and _halves_agree(half, identity, other.warm_start_identity)
-                              and _warm_start_done(other.workdir, half)), None)
+                              and finished(os.path.join(other.workdir, "warm_start", half,
+                                                        "checkpoint"))), None)
     return sources
 
 

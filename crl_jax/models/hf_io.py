@@ -12,7 +12,6 @@ place that knows both layouts.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 
@@ -23,7 +22,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from crl_jax import sharding
-from crl_jax.assets import REDOWNLOAD, BadModelFile
+from crl_jax.assets import REDOWNLOAD, BadModelFile, read_json
 from crl_jax.models.config import DecoderConfig, RopeScaling
 from crl_jax.models.decoder import Decoder, param_logical_axes
 
@@ -174,12 +173,6 @@ def _global_table(cfg: DecoderConfig):
 
 
 # ---- reading a folder -----------------------------------------------------------------------------
-def _read_json(path: str):
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (UnicodeDecodeError, ValueError) as err:
-        raise CheckpointError(f"{path}: unreadable JSON ({type(err).__name__}); {REDOWNLOAD}") from None
 class _FolderTensors:
     """All tensors of a checkpoint folder, opened lazily, single file or sharded with an index."""
 
@@ -189,7 +182,7 @@ class _FolderTensors:
         index_path = os.path.join(path, "model.safetensors.index.json")
         single_path = os.path.join(path, "model.safetensors")
         if os.path.exists(index_path):
-            weight_map = _read_json(index_path)
+            weight_map = read_json(index_path)
             if not isinstance(weight_map, dict) or not isinstance(weight_map.get("weight_map"), dict):
                 raise CheckpointError(f"{index_path}: no 'weight_map'; {REDOWNLOAD}")
             weight_map = weight_map["weight_map"]
@@ -256,7 +249,7 @@ def from_pretrained(path: str, *, mesh: Mesh | None = None, **config_overrides) 
     config_path = os.path.join(path, "config.json")
     if not os.path.exists(config_path):
         raise CheckpointError(f"{path}: config.json is missing")
-    hf_config = _read_json(config_path)
+    hf_config = read_json(config_path)
     missing = [key for key in REQUIRED_CONFIG_KEYS if not isinstance(hf_config, dict)
                or hf_config.get(key) is None]
     if missing:

@@ -114,7 +114,7 @@ class ExperienceService:
             reasons["entries_written"] += len(written)
             outputs.append((traj.spec.task, reason, text, gen))
         after = self._bank_writes()
-        reasons.update({k: n - before.get(k, 0) for k, n in after.items() if n != before.get(k, 0)})
+        reasons.update(_increase(before, after))
         self.stats.update(reasons)
         self._keep_samples("distill", step, outputs)
         return dict(reasons)
@@ -148,7 +148,7 @@ class ExperienceService:
                "written": sum(w for _, w in merged.values())}
         # The manager's counters are cumulative; only merges write the "merge_" ones, and merges
         # run on this thread, so the difference is this pass's.
-        out.update({f"outcome/{k}": n - before.get(k, 0) for k, n in after.items() if n != before.get(k, 0)})
+        out.update({f"outcome/{k}": n for k, n in _increase(before, after).items()})
         return out
 
     def host_state(self) -> dict:
@@ -164,3 +164,9 @@ class ExperienceService:
     def _merge_outcomes(self) -> dict[str, int]:
         with self.manager.lock:
             return {k[len("merge_"):]: n for k, n in self.manager.reasons.items() if k.startswith("merge_")}
+
+
+def _increase(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    """The counters that grew from `before` to `after` (two reads of a cumulative counter), by
+    how much."""
+    return {k: n - before.get(k, 0) for k, n in after.items() if n != before.get(k, 0)}

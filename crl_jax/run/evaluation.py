@@ -98,16 +98,18 @@ class Evaluator:
         same digest."""
         path = os.path.join(self.workdir, START_EVAL_FILE)
         digest = start_eval_digest(self.cfg, warm_start)
-        kept = None
-        for folder in (self.workdir, *self.cache_from):
-            kept = _kept_metrics(os.path.join(folder, START_EVAL_FILE), digest)
+        kept, source = None, None
+        for source in (self.workdir, *self.cache_from):
+            kept = _kept_metrics(os.path.join(source, START_EVAL_FILE), digest)
             if kept is not None:
                 break
         found = int(kept is not None)
         # Every host plays the evaluation or none does (it runs collectives): all must have it.
         if (min(self.hosts.allgather(found)) if self.hosts else found):
-            log.info("start evaluation: kept from an earlier start of this run or a sibling's")
-            metrics = kept
+            log.info("start evaluation: kept in %s", os.path.join(source, START_EVAL_FILE))
+            if source == self.workdir:
+                return kept
+            metrics = kept  # a sibling's: this workdir keeps its own copy from now on
         else:
             metrics = self.evaluate(0, salt=200)
         if jax.process_index() == 0:
