@@ -24,41 +24,42 @@ import sys
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(_HERE))
 
-USAGE = (__doc__.split("\n\n")[0] + "\n\nFlags: --config=FILE[:VARIANTS]  --config.KEY=VALUE ...  "
-         "--workdir=DIR  --cache_from=DIR[,DIR]")
 
 
-def parse_args(argv: list[str]) -> tuple[str, list[str], str, tuple[str, ...]]:
-    spec, overrides, workdir, cache_from = "single_task.py", [], "workdir", ()
-    for arg in argv:
-        if arg in ("-h", "--help", "--helpshort"):
-            print(USAGE)
-            sys.exit(0)
-        if arg.startswith("--config="):
-            spec = arg[len("--config="):]
-        elif arg.startswith("--config."):
-            overrides.append(arg[len("--config."):])
-        elif arg.startswith("--workdir="):
-            workdir = arg[len("--workdir="):]
-        elif arg.startswith("--cache_from="):
-            cache_from = tuple(d for d in arg[len("--cache_from="):].split(",") if d)
-        else:
-            print(f"error: unknown argument {arg!r}\n{USAGE}", file=sys.stderr)
-            sys.exit(2)
-    return spec, overrides, workdir, cache_from
+def define_run_flags(flag_values) -> None:
+    from absl import flags
+
+    flags.DEFINE_string("workdir", "workdir", "where checkpoints, logs and the report go",
+                        flag_values=flag_values)
+    flags.DEFINE_list("cache_from", [], "sibling workdirs whose finished warm start and start "
+                      "evaluation this run may take", flag_values=flag_values)
+
+
+def parse_command_line(argv: list[str]):
+    """absl flags: `--config` (with `--config.key=value` overrides), `--workdir`, `--cache_from`."""
+    from crl_jax.run import config_loading
+
+    config_dir = os.path.join(_HERE, "configs")
+    if any(a in ("-h", "--help", "--helpshort") for a in argv):
+        _, flag_values = config_loading.parse_command_line(["run.py"], config_dir,
+                                                           define_flags=define_run_flags)
+        print(__doc__.split("\n\n")[0], flag_values.module_help(config_loading),
+              flag_values.main_module_help(), sep="\n\n")
+        sys.exit(0)
+    cfg, flag_values = config_loading.parse_command_line(["run.py"] + argv, config_dir,
+                                                         define_flags=define_run_flags)
+    return cfg, flag_values.workdir, tuple(flag_values.cache_from)
 
 
 def main(argv: list[str]) -> None:
-    spec, overrides, workdir, cache_from = parse_args(argv)
     from crl_jax.assets import BadModelFile, MissingAsset
     from crl_jax.run.checkpoint import SaveFailed
     from crl_jax.config import ConfigError
-    from crl_jax.run.config_loading import load_config
     from crl_jax.run.graceful_stop import Stopped
     from crl_jax.run.workdir_lock import WorkdirInUse
 
     try:
-        cfg = load_config(spec, overrides, config_dir=os.path.join(_HERE, "configs"))
+        cfg, workdir, cache_from = parse_command_line(argv)
         from crl_jax.run import distributed
 
         distributed.initialize_from_env()
