@@ -175,10 +175,14 @@ class Trainer:
         """Restore the newest valid checkpoint of this workdir; returns the step to run next."""
         if self.checkpointer.latest_step() is None:
             return 0
-        step, tree, host = self.checkpointer.restore(self.device_state())
+        step, _, host = self.checkpointer.restore(self.device_state(), accept=self._take_restored)
         for skipped, why in sorted(self.checkpointer.skipped.items()):
             log.warning("checkpoint step %d was unusable (%s); restored step %d instead", skipped, why, step)
-        self.actor_state, self.extractor_state = tree["actor"], tree["extractor"]
+        log.info("restored checkpoint of step %d from %s", step, self.checkpointer.directory)
+        return int(host["next_step"])
+
+    def _take_restored(self, tree: dict, host: dict) -> None:
+        """Adopt a restored step, or raise (the checkpointer then tries an older one)."""
         if self.experience is not None:
             bank = tree["bank"]
             if self.hosts:
@@ -187,8 +191,7 @@ class Trainer:
         self.credit.restore(host)
         self.stream.restore(host["stream"])
         self._carry = dict(host["carry"])
-        log.info("restored checkpoint of step %d from %s", step, self.checkpointer.directory)
-        return int(host["next_step"])
+        self.actor_state, self.extractor_state = tree["actor"], tree["extractor"]
 
     def check_update_fits(self) -> None:
         """Stop an oversized run here, not at its first update after the warm start."""

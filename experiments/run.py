@@ -8,7 +8,8 @@ where its own workdir has none (each only if built under this run's settings). A
 the same workdir resumes from its newest valid checkpoint. A bad config is reported one line per
 problem, before any training, with exit status 2; so are a workdir another run is using and a
 missing packaged asset (the line names the command that installs it) and a model or tokenizer
-file that cannot be read (the line names the file and what is wrong). A checkpoint that cannot be
+file that cannot be read (the line names the file and what is wrong), and a workdir none of
+whose checkpoints can be restored. A checkpoint that cannot be
 written (a full disk) stops the run with one line and exit status 1; the previous checkpoint stays. A SIGTERM
 or Ctrl-C (SIGINT) stops the run after its current RL step, checkpointed, with status 143 / 130
 (a second one stops it at once): a preempted run resumes without losing a finished step.
@@ -53,7 +54,7 @@ def parse_command_line(argv: list[str]):
 
 def main(argv: list[str]) -> None:
     from crl_jax.assets import BadModelFile, MissingAsset
-    from crl_jax.run.checkpoint import SaveFailed
+    from crl_jax.run.checkpoint import CheckpointError, SaveFailed
     from crl_jax.config import ConfigError
     from crl_jax.run.graceful_stop import Stopped
     from crl_jax.run.workdir_lock import WorkdirInUse
@@ -72,7 +73,7 @@ def main(argv: list[str]) -> None:
         for problem in err.problems:
             print(f"config error: {problem}", file=sys.stderr)
         sys.exit(2)
-    except (WorkdirInUse, MissingAsset, BadModelFile) as err:
+    except (WorkdirInUse, MissingAsset, BadModelFile, CheckpointError) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
     except SaveFailed as err:

@@ -3,7 +3,8 @@
 Owns the `TaskSplits` builder and `build_task_splits` / `load_task_splits`. A task spec is
 (env name, seed, goal text); train and test seeds come from disjoint ranges (train from
 TRAIN_SEED_BASE, test from TEST_SEED_BASE), so a test task is never trained on. Splits are written
-as array_record and read back with `as_data_source` (random access, no TensorFlow needed).
+as array_record and read back with `as_data_source` (no TensorFlow needed), then checked against
+the seeds that make them, so a damaged folder is named instead of failing deep inside TFDS.
 A mixture of env names is one dataset whose examples interleave the envs round-robin.
 
 The goal text comes from resetting the env with the seed (the only way to know it for generated
@@ -13,18 +14,21 @@ tasks); `with_goals=False` skips that and stores an empty goal, for envs whose r
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from typing import Sequence
 
 import numpy as np
 import tensorflow_datasets as tfds
 
+from crl_jax.assets import BadModelFile
 from crl_jax.envs.registry import list_envs, make
 
 TRAIN_SEED_BASE = 0
 TEST_SEED_BASE = 10_000_000  # far above any train range we build: the ranges never meet
 VERSION = "1.0.0"
 DEFAULT_NUM_TEST = 100  # test tasks per environment unless asked for more
+REBUILD = "delete the folder and rerun: the run rebuilds it from the seeds"
 
 
 def _config_name(env_names: Sequence[str], num_train: int, num_test: int, with_goals: bool) -> str:
@@ -97,18 +101,19 @@ class TaskSplits(tfds.core.GeneratorBasedBuilder):
                 env.close()
 
 
-def _builder(env_names, data_dir, num_train, num_test, with_goals) -> TaskSplits:
+def _config(env_names, num_train, num_test, with_goals) -> TaskSplitsConfig:
     if isinstance(env_names, str):
         env_names = [env_names]
-    config = TaskSplitsConfig(env_names=list(env_names), num_train=num_train, num_test=num_test,
-                              with_goals=with_goals)
-    return TaskSplits(data_dir=str(data_dir), config=config, file_format="array_record")
+    return TaskSplitsConfig(env_names=list(env_names), num_train=num_train, num_test=num_test,
+                            with_goals=with_goals)
 
 
 def build_task_splits(env_names: str | Sequence[str], data_dir, num_train: int = 1000,
                       num_test: int = DEFAULT_NUM_TEST, with_goals: bool = True) -> TaskSplits:
     """Generate (once) the splits for `env_names` under `data_dir`; returns the builder."""
-    builder = _builder(env_names, data_dir, num_train, num_test, with_goals)
+    builder = TaskSplits(data_dir=os.fspath(data_dir),
+                         config=_config(env_names, num_train, num_test, with_goals),
+                         file_format="array_record")
     builder.download_and_prepare(
         download_config=tfds.download.DownloadConfig(try_download_gcs=False))
     return builder
@@ -116,33 +121,38 @@ def build_task_splits(env_names: str | Sequence[str], data_dir, num_train: int =
 
 def load_task_splits(env_names: str | Sequence[str], data_dir, num_train: int = 1000,
                      num_test: int = DEFAULT_NUM_TEST, with_goals: bool = True) -> dict:
-    """{"train": source, "test": source}: random-access sources of task-spec dicts.
+    """{"train": [...], "test": [...]}: the task-spec dicts of each split, read and checked.
 
     Builds the splits first if they are not in `data_dir` yet. Each item is
-    {"env_name": str, "seed": int, "goal": str}.
+    {"env_name": str, "seed": int, "goal": str}. Splits already on disk that cannot be read, or
+    that hold other tasks than their seeds make, raise BadModelFile naming the folder and the fix.
     """
-    builder = build_task_splits(env_names, data_dir, num_train, num_test, with_goals)
-    sources = builder.as_data_source()
-    return {split: _DecodedSource(sources[split]) for split in ("train", "test")}
+    config = _config(env_names, num_train, num_test, with_goals)
+    folder = os.path.join(os.fspath(data_dir), "task_splits", config.name, VERSION)
+    prepared = os.path.exists(os.path.join(folder, "dataset_info.json"))
+    try:
+        sources = build_task_splits(env_names, data_dir, num_train, num_test, with_goals).as_data_source()
+        splits = {split: [_decoded(item) for item in sources[split]] for split in ("train", "test")}
+    except Exception as err:  # any failure to read what an earlier run wrote is a damaged folder
+        if not prepared:
+            raise
+        detail = " ".join(str(err).split())[:200]
+        raise BadModelFile(f"{folder}: task splits unreadable ({type(err).__name__}: {detail}); "
+                           f"{REBUILD}") from None
+    for split, num in (("train", num_train), ("test", num_test)):
+        items = splits[split]
+        expected = [(name, seed) for seed in task_seeds(split, num)
+                    for name in config.env_names]
+        if [(item["env_name"], item["seed"]) for item in items] != expected:
+            raise BadModelFile(f"{folder}: the {split} split holds {len(items)} tasks that are not "
+                               f"the {len(expected)} its seeds make; {REBUILD}")
+    return splits
 
 
-class _DecodedSource:
-    """Wraps a TFDS data source so items come back as plain Python (str, int), not bytes/numpy."""
-
-    def __init__(self, source):
-        self._source = source
-
-    def __len__(self) -> int:
-        return len(self._source)
-
-    def __getitem__(self, index: int) -> dict:
-        item = self._source[index]
-        text = lambda v: v.decode("utf-8") if isinstance(v, bytes) else str(v)  # noqa: E731
-        return {"env_name": text(item["env_name"]), "seed": int(item["seed"]),
-                "goal": text(item["goal"])}
-
-    def __iter__(self):
-        return (self[i] for i in range(len(self)))
+def _decoded(item) -> dict:
+    """A TFDS record as plain Python (str, int), not bytes/numpy."""
+    text = lambda v: v.decode("utf-8") if isinstance(v, bytes) else str(v)  # noqa: E731
+    return {"env_name": text(item["env_name"]), "seed": int(item["seed"]), "goal": text(item["goal"])}
 
 
 def task_specs(names: Sequence[str], data_dir: str, min_test: int = 0,

@@ -32,6 +32,7 @@ import numpy as np
 
 from crl_jax.memory import ops
 from crl_jax.memory.bank import NEVER, Bank, init_bank
+from crl_jax.memory.consistency import bank_problem
 from crl_jax.memory.prompts import merge_messages
 from crl_jax.memory.search import BankFns
 from crl_jax.memory.text_store import Entry, Generation, TextStore, render_entry
@@ -274,9 +275,16 @@ class MemoryManager:
                                "reasons": dict(self.reasons)}
 
     def restore(self, bank: Bank, state_json: dict) -> None:
+        """Take a checkpoint's bank; ValueError (nothing changed) if it is not one this run wrote."""
         if list(state_json["tasks"]) != list(self.cfg.tasks):
             raise ValueError(f"checkpoint tasks {state_json['tasks']} != configured {list(self.cfg.tasks)}")
-        store = TextStore.from_json(state_json["text_store"])
+        try:
+            store = TextStore.from_json(state_json["text_store"])
+        except (KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"the bank's text store is malformed ({type(err).__name__}: {err})") from None
+        problem = bank_problem(bank, store, list(self.cfg.tasks), self.cfg.capacity, self.cfg.dim)
+        if problem:
+            raise ValueError(problem)
         with self.lock:
             self.bank, self.store = bank, store
             self.reasons = collections.Counter(state_json.get("reasons", {}))

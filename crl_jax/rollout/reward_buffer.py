@@ -68,9 +68,16 @@ class RewardBuffer:
 
     @classmethod
     def from_json(cls, items: list[dict]) -> "RewardBuffer":
+        """The buffer `to_json` wrote; ValueError names what is wrong with anything else."""
         buffer = cls()
-        for item in items:
-            gen = Generation.from_json(item["generation"])
-            buffer._samples[generation_key(gen)] = BufferedSample(
-                gen, float(item["reward_sum"]), int(item["uses"]), set(item["entry_ids"]))
+        try:
+            for item in items:
+                gen = Generation.from_json(item["generation"])
+                sample = BufferedSample(gen, float(item["reward_sum"]), int(item["uses"]),
+                                        {int(i) for i in item["entry_ids"]})
+                if sample.uses < 1 or not abs(sample.reward_sum) <= sample.uses:
+                    raise ValueError(f"reward sum {sample.reward_sum} over {sample.uses} uses of +-1")
+                buffer._samples[generation_key(gen)] = sample
+        except (KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"the extractor's reward buffer is malformed ({type(err).__name__}: {err})") from None
         return buffer

@@ -12,8 +12,8 @@ writes a manifest (size and sha256 of every payload file) into the step, so a li
 carries its manifest. Restore checks the manifest first: a truncated, missing or altered file
 (which Orbax itself may restore silently as wrong values) marks the step corrupt; the step is
 reported, moved aside into `corrupt_steps/`, and the next older step is tried. A step without a
-manifest (saved by another writer) is tried unverified, and a restore error then also falls back.
-"""
+manifest (saved by another writer) is tried unverified; a restore error, or content the caller's
+`accept` refuses, then also falls back."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ import os
 import shutil
 import time
 import warnings
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import numpy as np
@@ -193,6 +193,18 @@ def _agree(flag: bool) -> bool:
     return bool(multihost_utils.broadcast_one_to_all(np.int32(flag)))
 
 
+def _accepted(accept, device_tree, host_state):
+    """(device_tree, host_state) if every process accepts them, else (None, reason)."""
+    problem = None
+    try:
+        accept(device_tree, host_state)
+    except (KeyError, TypeError, ValueError) as err:
+        problem = f"its content is not a state this run writes ({type(err).__name__}: {err})"
+    if not _agree(problem is None):
+        return None, problem or "another process refused its content"
+    return device_tree, host_state
+
+
 class Checkpointer:
     """Keep-last-N asynchronous checkpoints of (device pytree, host JSON) in `directory`.
 
@@ -200,13 +212,8 @@ class Checkpointer:
     digest differs unless `ignore_digest=True`. `checksums=False` keeps only file sizes in the
     manifest, for checkpoints too large to hash at every save (truncation is still caught).
 
-    Typical resume (the target needs shapes, dtypes and shardings, not values):
-
-        abstract = jax.eval_shape(build_states)             # {"actor": TrainState, ...}
-        target = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                              abstract, shardings_of(abstract))
-        if ckpt.latest_step() is not None:
-            step, states, host = ckpt.restore(target)
+    A resume's target needs shapes, dtypes and shardings, not values: live states, or
+    `jax.eval_shape(build_states)` mapped to ShapeDtypeStructs with their shardings.
     """
 
     def __init__(self, directory, max_to_keep: int = 3, async_save: bool = True,
@@ -296,11 +303,14 @@ class Checkpointer:
         steps = self.all_steps()
         return steps[-1] if steps else None
 
-    def restore(self, target: Any, step: int | None = None, ignore_digest: bool = False):
+    def restore(self, target: Any, step: int | None = None, ignore_digest: bool = False,
+                accept: Callable[[Any, dict], None] | None = None):
         """Restore `(step, device_tree, host_state)` from the newest valid step (or exactly
         `step`). `target` is a pytree shaped like the saved device tree: live arrays, or
         ShapeDtypeStructs with shardings (`jax.eval_shape` + shardings); restored arrays get
-        those shardings, whatever mesh they were saved from."""
+        those shardings, whatever mesh they were saved from. `accept(device_tree, host_state)`
+        adopts a step's content, raising ValueError, KeyError or TypeError where the run could
+        not have written it: that step is unusable too."""
         self.wait()
         abstract = _abstract_target(target)
         steps = self.all_steps()
@@ -315,6 +325,8 @@ class Checkpointer:
             problem = self._verify(s)
             if problem is None:
                 device_tree, host_state = self._restore_step(s, abstract, ignore_digest)
+                if device_tree is not None and accept is not None:
+                    device_tree, host_state = _accepted(accept, device_tree, host_state)
                 if device_tree is not None:
                     self._quarantine(sorted(self.skipped))
                     return s, device_tree, host_state
@@ -328,7 +340,8 @@ class Checkpointer:
             if step is not None:
                 break
         detail = "; ".join(f"step {s}: {why}" for s, why in sorted(self.skipped.items()))
-        raise CheckpointError(f"no valid checkpoint in {self.directory} ({detail})")
+        raise CheckpointError(f"no valid checkpoint in {self.directory} ({detail}); to start "
+                              "over, move the folder aside (the unusable steps stay in it)")
 
     def _verify(self, step: int) -> str | None:
         step_dir = self.directory / str(step)
