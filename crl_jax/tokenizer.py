@@ -137,7 +137,7 @@ class Tokenizer:
         generation_eos = _read_json(folder / "generation_config.json").get("eos_token_id") or []
         eos = _token_text(config.get("eos_token"))
         if eos is None:
-            raise ValueError(f"{folder}/tokenizer_config.json names no eos_token")
+            raise BadModelFile(f"{folder / 'tokenizer_config.json'}: names no eos_token; {REDOWNLOAD}")
         return cls(backend, eos_token=eos, pad_token=_token_text(config.get("pad_token")),
                    bos_token=_token_text(config.get("bos_token")),
                    unk_token=_token_text(config.get("unk_token")),

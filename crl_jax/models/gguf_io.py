@@ -12,6 +12,7 @@ Array shapes (numpy, HF layout [out, in]): V vocab, D model, N heads, K kv heads
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import re
@@ -160,7 +161,22 @@ def _hf_name(gguf_name: str) -> str:
 def load_gguf_state_dict(path):
     """(LlamaConfig, {HF name: float32 array}) from a llama-architecture GGUF file."""
     reader = _open(path)
-    return _state_dict(reader, read_metadata(reader))
+    with _damaged_if_unreadable(path):
+        return _state_dict(reader, read_metadata(reader))
+
+
+@contextlib.contextmanager
+def _damaged_if_unreadable(path):
+    """A file that passed gguf's own checks can still hold damaged metadata or tensors (a bad
+    string, a vocabulary the tokenizer refuses): name the file instead of the deep error."""
+    try:
+        yield
+    except BadModelFile:
+        raise
+    except Exception as err:  # the tokenizers library raises plain Exception
+        detail = " ".join(str(err).split())[:160]
+        raise BadModelFile(f"{path}: unreadable contents ({type(err).__name__}: {detail}); "
+                           f"{REDOWNLOAD}") from None
 
 
 def _state_dict(reader, meta: dict):
@@ -282,9 +298,10 @@ def gguf_to_hf_folder(path, out_dir) -> Path:
     from crl_jax.models.safetensors_file import save_file
 
     reader = _open(path)
-    meta = read_metadata(reader)
-    config, state = _state_dict(reader, meta)
-    tokenizer = tokenizer_from_metadata(meta)
+    with _damaged_if_unreadable(path):
+        meta = read_metadata(reader)
+        config, state = _state_dict(reader, meta)
+        tokenizer = tokenizer_from_metadata(meta)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     config.architectures = ["LlamaForCausalLM"]

