@@ -145,7 +145,7 @@ class Trainer:
             # Includes the extractor's update when it shares the step, and any compilation.
             metrics[metrics_lib.TIME_ACTOR_UPDATE] = time.perf_counter() - update_started
         if experience is not None:
-            metrics.update(metrics_lib.bank_metrics(experience.manager))
+            metrics.update(experience.bank_metrics(step))
         metrics["extractor/buffer_size"] = float(len(self.credit.buffer))
         metrics[metrics_lib.TIME_STEP] = time.perf_counter() - started
         return metrics

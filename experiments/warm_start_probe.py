@@ -30,8 +30,6 @@ sys.path.insert(0, _HERE)
 
 import numpy as np  # noqa: E402
 
-from run import parse_args  # noqa: E402
-
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
 
@@ -54,25 +52,32 @@ def expert_action_probabilities(log_probs: np.ndarray, mask: np.ndarray) -> list
     return [float(np.exp(np.sum(log_probs[a:b]))) for a, b in trained_spans(mask)]
 
 
+def define_flags(flag_values) -> None:
+    from absl import flags
+
+    flags.DEFINE_string("workdir", "workdir", "where the warm start is kept", flag_values=flag_values)
+    flags.DEFINE_integer("episodes", 24, "expert episodes per task for the teacher-forced check",
+                         flag_values=flag_values)
+
+
 def main(argv: list[str]) -> None:
-    episodes = 24
-    rest = []
-    for arg in argv:
-        if arg.startswith("--episodes="):
-            episodes = int(arg.split("=", 1)[1])
-        else:
-            rest.append(arg)
-    spec, overrides, workdir = parse_args(rest)
+    from crl_jax.config import ConfigError
+    from crl_jax.run import config_loading
+
+    try:
+        cfg, flag_values = config_loading.parse_command_line(
+            ["warm_start_probe.py", *argv], os.path.join(_HERE, "configs"), define_flags=define_flags)
+    except ConfigError as err:
+        sys.exit("\n".join(f"config error: {problem}" for problem in err.problems))
+    episodes, workdir = flag_values.episodes, flag_values.workdir
 
     import jax
 
     from crl_jax import envs, trainer
-    from crl_jax.run.config_loading import load_config
     from crl_jax.rl.logprobs import sequence_logprobs
     from crl_jax.rl.sft import sft_batch
     from crl_jax.warm_start import demos
 
-    cfg = load_config(spec, overrides, config_dir=os.path.join(_HERE, "configs"))
     logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s")
     trainer.log.setLevel(logging.INFO)  # warm start and evaluation progress
     if not cfg.warm_start.enabled:
@@ -106,7 +111,7 @@ def main(argv: list[str]) -> None:
         task, kind = key.rsplit(" ", 1)
         print(f"{task:34s} {kind:14s} {row['n']:4d}  {row['mean_p']:.3f}")
     evaluation = {k: v for k, v in start.items() if "success" in k or "invalid" in k}
-    print(json.dumps({"config": spec, "overrides": overrides, "start": evaluation,
+    print(json.dumps({"argv": argv, "start": evaluation,
                       "expert_action_p": table}))
 
 

@@ -124,6 +124,11 @@ class TextEnv(abc.ABC):
                 return str(listed.index(action) + 1)
         return action
 
+    def set_training_step(self, step: int) -> None:
+        """The run's current RL step, told before every reset (training and evaluation alike).
+        Environments whose hidden facts drift over training (envs/doors.py) read it; the rest
+        ignore it."""
+
     def vocabulary_texts(self) -> list[str]:
         """Every word of this environment that a few sampled episodes may miss (catalogue words,
         object names), for the tiny models' vocabulary (rollout.vocabulary). An environment whose

@@ -27,6 +27,8 @@ _REGISTRY: dict[str, tuple[str, str, dict]] = {
     # The same two with numbered actions: an answer may be a listed action's number (envs.base).
     "household/v1-numbered": ("crl_jax.envs.household", "HouseholdEnv", {"numbered_actions": True}),
     "shop/v1-numbered": ("crl_jax.envs.shop", "ShopEnv", {"numbered_actions": True}),
+    # The diagnostic where experience is necessary: facts that drift every 6 RL steps.
+    "diag/doors": ("crl_jax.envs.doors", "DoorsEnv", {}),
     "alfworld/data": ("crl_jax.envs.alfworld_adapter", "ALFWorldEnv", {}),
     "webshop/data": ("crl_jax.envs.webshop_adapter", "WebShopEnv", {}),
 }
@@ -44,11 +46,15 @@ def list_envs() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def make(name: str, **kwargs) -> TextEnv:
-    """Build the environment registered as `name`; kwargs override its defaults."""
+def factory(name: str):
+    """The class (or factory) registered as `name`, imported but not built."""
     if name not in _REGISTRY:
         raise KeyError(f"unknown environment {name!r}; known: {', '.join(list_envs())}")
-    module_name, factory_name, defaults = _REGISTRY[name]
-    module = importlib.import_module(module_name)
-    factory = getattr(module, factory_name)
-    return factory(**{**defaults, **kwargs})
+    module_name, factory_name, _ = _REGISTRY[name]
+    return getattr(importlib.import_module(module_name), factory_name)
+
+
+def make(name: str, **kwargs) -> TextEnv:
+    """Build the environment registered as `name`; kwargs override its defaults."""
+    build = factory(name)  # raises for an unknown name
+    return build(**{**_REGISTRY[name][2], **kwargs})

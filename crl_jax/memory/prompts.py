@@ -102,6 +102,13 @@ def format_transcript(messages: Sequence[dict]) -> str:
     return "\n\n".join(parts)
 
 
+def distill_transcript(messages: Sequence[dict], final_observation: str) -> list[dict]:
+    """The whole episode as the extractor reads it: the actor's transcript and the environment's
+    answer to its last action (the actor never sees that one; the extractor needs it, as it
+    says what the last action did)."""
+    return list(messages) + ([{"role": "user", "content": final_observation}] if final_observation else [])
+
+
 def distill_messages(success: bool, transcript: Sequence[dict], retrieved: Sequence[str]) -> list[dict]:
     user = (f"## Outcome\n{'SUCCESS' if success else 'FAILURE'}\n\n"
             f"## Interaction\n{format_transcript(transcript)}\n\n"

@@ -164,6 +164,7 @@ class ActorLoop:
         traj.reward = 1.0 if traj.success else 0.0
         turns_left[b] -= 1
         if terminated or truncated or turns_left[b] <= 0:
+            traj.final_observation = observation
             self._end(traj, active, b, "success" if traj.success else
                       ("terminated" if terminated else "max_turns"))
             return

@@ -50,7 +50,7 @@ class RolloutCollector:
         rows = hosts.share(len(specs)) if hosts else slice(0, len(specs))
         local = list(specs[rows])
         guards = self.envs_for(local)
-        firsts = [self._reset(guard, spec) for guard, spec in zip(guards, local)]
+        firsts = [self._reset(guard, spec, step) for guard, spec in zip(guards, local)]
         entries = self._retrieve(specs, local, firsts, rows, step, count_retrievals) if use_memory \
             else [None] * len(specs)
         refine = None
@@ -77,7 +77,10 @@ class RolloutCollector:
         return (self._gathered(run) if hosts else run()), entries
 
     @staticmethod
-    def _reset(guard: GuardedEnv, spec: EpisodeSpec):
+    def _reset(guard: GuardedEnv, spec: EpisodeSpec, step: int):
+        tell = getattr(guard.env, "set_training_step", None)  # drifting environments read it
+        if tell is not None:
+            tell(step)
         first, error = guard.call("reset", spec.seed)
         if error:  # the episode fails; the batch goes on
             log.warning("reset of %s seed %d failed: %s", spec.task, spec.seed, error)

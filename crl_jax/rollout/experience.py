@@ -17,10 +17,13 @@ from collections.abc import Sequence
 
 import jax
 
+from crl_jax import envs
+from crl_jax.envs.registry import factory as env_factory
 from crl_jax.memory import prompts
 from crl_jax.memory.manager import MemoryManager
 from crl_jax.memory.text_store import Entry, Generation
 from crl_jax.rollout.extractor import ExtractorClient
+from crl_jax.run import metrics as metrics_lib
 from crl_jax.rollout.trajectory import Trajectory
 
 
@@ -31,6 +34,7 @@ class ExperienceService:
         # Distillation may run on a background thread while the trainer takes the samples.
         self._samples_lock = threading.Lock()
         self._output_samples: list[dict] = []
+        self._drifting: dict | None = None
 
     def _keep_samples(self, kind: str, step: int, outputs) -> None:
         """Keep the first output of each outcome of one pass; `outputs` yields (task, outcome,
@@ -45,6 +49,25 @@ class ExperienceService:
                              "text": text})
         with self._samples_lock:
             self._output_samples += kept
+
+    def bank_metrics(self, step: int) -> dict[str, float]:
+        """The bank's size and retrieved share, and for drifting environments (envs/doors.py) its
+        precision: the share of their live entries that state a fact true at `step`."""
+        out = metrics_lib.bank_metrics(self.manager)
+        truths = {task: env.current_facts(step) for task, env in self._drifting_envs().items()}
+        if truths:
+            with self.manager.lock:
+                entries = [(e.task, e.content) for e in self.manager.store if e.task in truths]
+            true = sum(any(fact in content for fact in truths[task]) for task, content in entries)
+            out[metrics_lib.BANK_PRECISION] = true / max(len(entries), 1)
+        return out
+
+    def _drifting_envs(self) -> dict:
+        """task -> an instance of its environment, for the tasks whose facts drift."""
+        if self._drifting is None:
+            self._drifting = {task: envs.make(task) for task in self.manager.cfg.tasks
+                              if hasattr(env_factory(task), "current_facts")}
+        return self._drifting
 
     def take_output_samples(self) -> list[dict]:
         """The extractor outputs kept since the last call (one per outcome per pass), oldest first."""
@@ -100,8 +123,8 @@ class ExperienceService:
         """Send every finished guided episode to the extractor and apply its operations."""
         if not trajectories:
             return {}
-        conversations = [prompts.distill_messages(t.success, t.messages, [e.render()] if e else [])
-                         for t, e in zip(trajectories, entries)]
+        conversations = [prompts.distill_messages(t.success, prompts.distill_transcript(
+            t.messages, t.final_observation), [e.render()] if e else []) for t, e in zip(trajectories, entries)]
         replies = self.extractor.generate(params, conversations, seed=self._gen_seed(step, 1),
                                           kind="distill")
         reasons: collections.Counter[str] = collections.Counter()

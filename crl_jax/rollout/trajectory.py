@@ -40,6 +40,9 @@ class Trajectory:
     loss_mask: list[float] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
     messages: list[dict] = dataclasses.field(default_factory=list)  # the transcript, as text
+    # The environment's answer to the last action: never shown to the actor (the episode is
+    # over), but part of what the extractor reads (prompts.distill_transcript).
+    final_observation: str = ""
     goal: str = ""
     query: str = ""                      # retrieval key: goal + first observation
     entry_id: int | None = None          # the entry injected into the system prompt

@@ -63,6 +63,7 @@ BANK_RETRIEVALS = "bank/retrievals"
 BANK_RETRIEVAL_HITS = "bank/retrieval_hits"
 BANK_REFINEMENTS = "bank/refinements"
 BANK_RETRIEVED_SHARE = "bank/retrieved_share"
+BANK_PRECISION = "bank/precision"
 # The train-step metrics keep the names `rl.train_step` gives them ("actor/<name>", "extractor/<name>").
 ACTOR_LOSS, ACTOR_GRAD_NORM = "actor/loss", "actor/grad_norm"
 EXTRACTOR_LOSS, EXTRACTOR_REWARD = "extractor/loss", "extractor/reward"
@@ -92,6 +93,7 @@ METRIC_DOCS: dict[str, str] = {
     BANK_UPDATED: "entries the distillations joined this step wrote over entries they were shown",
     BANK_EVICTED: "entries evicted for capacity by the distillations joined this step",
     BANK_MERGED: "entries removed by this step's merge (0 on steps without a merge)",
+    BANK_PRECISION: "share of live entries of drifting tasks (diag/doors) that state a fact true now",
     BANK_RETRIEVALS: "retrievals made for this step's guided training episodes",
     BANK_RETRIEVAL_HITS: "of those, retrievals that injected an entry into the system prompt",
     BANK_REFINEMENTS: "search_and_ask calls answered with a refined entry this step",

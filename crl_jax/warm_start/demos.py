@@ -42,6 +42,7 @@ class Demo:
     # The action each assistant turn took, as the environment read it (None: invalid). Differs
     # from the turn's text where an answer is a number (numbered actions).
     actions: list[str | None] = dataclasses.field(default_factory=list)
+    final_observation: str = ""             # the answer to the last action (the extractor reads it)
 
 
 def render(entry: tuple[str, str]) -> str:
@@ -68,6 +69,8 @@ def play_demo(env, task: str, seed: int, epsilon: float, rng: np.random.Generato
     observation, info = env.reset(seed)
     expert, random_agent = expert_for(env), random_agent_for(env, seed=seed)
     expert.reset(env, observation, info)
+    if entry is not None and hasattr(expert, "advise"):  # an expert that acts on the lesson shown
+        expert.advise(entry[1])
     random_agent.reset(env, observation, info)
     system = env.system_prompt + ("\n\n" + prompts.SEARCH_TOOL_TEXT if tools else "")
     if entry is not None:
@@ -95,10 +98,11 @@ def play_demo(env, task: str, seed: int, epsilon: float, rng: np.random.Generato
         if terminated or truncated:
             break
         messages.append({"role": "user", "content": observation})
-    if messages[-1]["role"] == "user":
-        messages.pop()  # the actor loop never trains on (or shows) the last observation
-    facts = lessons.EpisodeFacts(task, success, len(taken), invalid, max_turns or env.max_turns)
-    return Demo(task, seed, epsilon, messages, facts, entry, search and entry is not None, taken)
+    # The actor loop never trains on (or shows) the answer to the last action; the extractor reads it.
+    final = messages.pop()["content"] if messages[-1]["role"] == "user" else observation
+    facts = lessons.EpisodeFacts(task, success, len(taken), invalid, max_turns or env.max_turns,
+                                 tuple(info.get("facts", ())))
+    return Demo(task, seed, epsilon, messages, facts, entry, search and entry is not None, taken, final)
 
 
 def collect_demos(tasks: Sequence[dict], *, max_turns: int, epsilons: Sequence[float],
@@ -120,11 +124,11 @@ def collect_demos(tasks: Sequence[dict], *, max_turns: int, epsilons: Sequence[f
             env = pool.get(name) or pool.setdefault(name, envs.make(name))
             guided = rng.random() < guided_fraction
             options = lessons.all_lessons(name)
-            entry = None
+            entry = own = None
             if guided:
-                entry = (lessons.expert_lesson(name) if rng.random() < 0.5
-                         else options[int(rng.integers(len(options)))])
-            followed = entry is not None and entry == lessons.expert_lesson(name)
+                own = lessons.expert_lesson(name, env, int(task["seed"]))
+                entry = own if rng.random() < 0.5 else options[int(rng.integers(len(options)))]
+            followed = entry is not None and entry == own
             epsilon = 0.0 if followed else float(epsilons[i % len(epsilons)])
             out.append(play_demo(env, name, int(task["seed"]), epsilon, rng,
                                  max_turns=max_turns, entry=entry, tools=tools and guided,
@@ -235,7 +239,8 @@ def extractor_examples(tokenizer: Tokenizer, demos: Sequence[Demo], *, room: int
     out, counts = [], {"distill": 0, "refine": 0, "merge": 0}
     for demo in demos:
         retrieved = [demo.entry] if demo.entry is not None else []
-        messages = prompts.distill_messages(demo.facts.success, demo.messages,
+        messages = prompts.distill_messages(demo.facts.success,
+                                            prompts.distill_transcript(demo.messages, demo.final_observation),
                                             [render(e) for e in retrieved])
         out.append(_reply_example(tokenizer, messages, lessons.distill_reply(demo.facts, retrieved), room))
         counts["distill"] += 1

@@ -16,6 +16,7 @@ tokenizer of the tiny models covers them.
 from __future__ import annotations
 
 import dataclasses
+import zlib
 from collections.abc import Sequence
 
 _GO_STRAIGHT_FOR_THE_STAIRS = (
@@ -139,13 +140,19 @@ QUESTION = ("I have not reached the goal yet and I do not know where to go next.
 
 _GUIDANCE_OPENING = "Apply this now: "
 
+# Families whose lessons are facts copied out of the episode (its `info["facts"]` sentences), not
+# general rules: the diagnostic (envs/doors.py), where which fact is useful must be learnt.
+FACT_FAMILIES = ("diag",)
+FACT_TITLE = "what an earlier episode showed"
+
+
 def family(task: str) -> str:
     """The lesson family of a task name such as "minihack/room-ultimate-5x5" ("minihack"); lit
     MiniHack rooms ("minihack/room-ultimate-lit-5x5") have their own, "minihack-lit"."""
     head, _, rest = task.partition("/")
     if head == "minihack" and "lit" in rest.split("-"):
         return "minihack-lit"
-    return head if head in _LESSONS else "generic"
+    return head if head in _LESSONS or head in FACT_FAMILIES else "generic"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,6 +164,7 @@ class EpisodeFacts:
     actions: int
     invalid_actions: int
     max_turns: int
+    notes: tuple[str, ...] = ()     # the facts the episode showed, in order (fact families)
 
 
 def situation(facts: EpisodeFacts) -> str:
@@ -169,7 +177,12 @@ def situation(facts: EpisodeFacts) -> str:
 
 def lesson(facts: EpisodeFacts) -> tuple[str, str]:
     """(title, content) of the lesson the summariser draws from an episode. A family without a
-    "slow" lesson teaches its "fast" one for every success."""
+    "slow" lesson teaches its "fast" one for every success. In a fact family it copies one of the
+    episode's facts, chosen by a hash of the episode: not always the useful one."""
+    if family(facts.task) in FACT_FAMILIES:
+        notes = facts.notes or ("nothing was learnt",)
+        pick = zlib.crc32("|".join((facts.task, *notes)).encode()) % len(notes)
+        return FACT_TITLE, notes[pick]
     lessons = _LESSONS[family(facts.task)]
     return lessons.get(situation(facts), lessons["fast"])
 
@@ -210,17 +223,25 @@ def refine_reply(entry_content: str) -> str:
 
 
 def all_lessons(task: str) -> list[tuple[str, str]]:
+    if family(task) in FACT_FAMILIES:
+        from crl_jax import envs
+
+        return [(FACT_TITLE, fact) for fact in envs.make(task).all_facts()]
     return list(_LESSONS[family(task)].values())
 
 
-def expert_lesson(task: str) -> tuple[str, str]:
+def expert_lesson(task: str, env=None, seed: int | None = None) -> tuple[str, str]:
     """The lesson that describes what the scripted expert does (its "fast" lesson): demos that
-    carry it are played without random actions, the way an instruction-tuned actor follows advice."""
+    carry it are played without random actions, the way an instruction-tuned actor follows advice.
+    In a fact family it is the fact that solves episode `seed` of `env` (its expert's advice)."""
+    if family(task) in FACT_FAMILIES:
+        env.reset(seed)
+        return FACT_TITLE, env.solving_fact()
     return _LESSONS[family(task)]["fast"]
 
 
 def vocabulary_texts() -> list[str]:
-    texts = [QUESTION, _GUIDANCE_OPENING, *_THINK.values(),
+    texts = [QUESTION, _GUIDANCE_OPENING, FACT_TITLE, "nothing was learnt", *_THINK.values(),
              "<think></think><answer>return()</answer> update([1], add(<title></title><content></content>)"]
     for lessons in _LESSONS.values():
         for title, content in lessons.values():

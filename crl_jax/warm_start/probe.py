@@ -40,7 +40,8 @@ def probe_extractor(params, generate: Generate, tasks: Sequence[dict], *, max_tu
         raise ValueError(f"a merge chunk needs >= 2 lessons; got merge_lessons={merge_lessons}")
     demos = demos_lib.collect_demos(tasks, max_turns=max_turns, epsilons=PROBE_EPSILONS,
                                     guided_fraction=0.0, search_fraction=0.0, tools=True, seed=seed)
-    replies = generate(params, [prompts.distill_messages(d.facts.success, d.messages, []) for d in demos])
+    replies = generate(params, [prompts.distill_messages(
+        d.facts.success, prompts.distill_transcript(d.messages, d.final_observation), []) for d in demos])
     parses = [ops.parse_operations(text, 0) for text in replies]
     out = {"episodes": len(demos), "parsed": sum(p.ok for p in parses) / max(1, len(demos)),
            "outcomes": dict(collections.Counter(p.reason for p in parses))}
