@@ -33,6 +33,7 @@ PLOTS = [
     ("actions.png", "Actions per episode", "actions",
      [m.TRAIN_ACTIONS, m.EVAL_WITH_EXP_ACTIONS, m.EVAL_WITHOUT_EXP_ACTIONS]),
     ("bank_size.png", "Experience bank size", "entries", [m.BANK_SIZE]),
+    ("bank_precision.png", "Bank precision (drifting tasks)", "share of live entries", [m.BANK_PRECISION]),
     ("extractor_reward.png", "Extractor reward", "mean reward", [m.EXTRACTOR_REWARD]),
     ("tool_call_rate.png", "search_and_ask calls per guided episode", "calls", [m.TOOL_CALL_RATE]),
     ("timing.png", "Step timing", "seconds",
@@ -247,6 +248,10 @@ def _coevolution_section(rows: list[dict], config: dict) -> list[str]:
     share = series(rows, m.BANK_RETRIEVED_SHARE)[1]
     if len(share):
         lines.append(f"- share of live entries shown to the actor at least once, at the end: {share[-1]:.2f}")
+    precision = series(rows, m.BANK_PRECISION)[1]
+    if len(precision):
+        lines.append(f"- bank precision (share of live entries stating a fact true at that step): "
+                     f"{precision[0]:.2f} first, {precision.max():.2f} at most, {precision[-1]:.2f} last")
     wants_training = config.get("extractor", {}).get("train", True) and config.get(
         "memory", {}).get("enabled", True)
     if wants_training and updates < steps / 4:
