@@ -2,8 +2,12 @@
 extractor batch is present, the extractor (centred reward x training-count weight + CISPO).
 
 Each model's update: advantages over the whole batch -> loss and gradient, accumulated over
-micro-batches with `lax.scan` -> non-finite guard -> AdamW. A non-finite loss or gradient leaves that
-model's params and optimiser state bit-identical (selected with `where`) and sets `<model>/skipped`.
+micro-batches with `lax.scan` -> guard -> AdamW. A non-finite loss or gradient, or a zero gradient
+(a batch without learning signal: every advantage 0), leaves that model's params and optimiser
+state bit-identical (selected with `where`) and sets `<model>/skipped` (`<model>/no_signal` for the
+latter). Adam given a zero gradient still moves every parameter by about the learning rate along
+its momentum, for tens of steps: on the diagnostic, steps where every episode failed went on
+moving the actor until it stopped writing `<answer>` (docs/diagnostic.md).
 
 Why `lax.scan` rather than `optax.MultiSteps` for accumulation: MultiSteps spreads one update over
 several calls (one dispatch per micro-batch, a param-sized accumulator kept in the optimiser state
@@ -122,16 +126,19 @@ def _update_model(state: TrainState, batch: PolicyBatch, advantages, loss_cfg: L
     grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
     grad_norm = optax.global_norm(grads)
     finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
+    signal = grad_norm > 0
+    apply = finite & signal
     updates, new_opt_state = state.tx.update(grads, state.opt_state, state.params)
     new_params = optax.apply_updates(state.params, updates)
     keep_if_bad = lambda new, old: jax.tree.map(  # noqa: E731
-        lambda a, b: jnp.where(finite, a, b), new, old)
-    new_state = state.replace(step=state.step + finite.astype(jnp.int32),
+        lambda a, b: jnp.where(apply, a, b), new, old)
+    new_state = state.replace(step=state.step + apply.astype(jnp.int32),
                               params=keep_if_bad(new_params, state.params),
                               opt_state=keep_if_bad(new_opt_state, state.opt_state))
     valid = batch.valid.astype(jnp.float32)
     metrics.update(
-        grad_norm=grad_norm, skipped=1.0 - finite.astype(jnp.float32),
+        grad_norm=grad_norm, skipped=1.0 - apply.astype(jnp.float32),
+        no_signal=1.0 - signal.astype(jnp.float32),
         num_tokens=batch.loss_mask.sum(),
         reward_mean=(batch.rewards * valid).sum() / jnp.maximum(valid.sum(), 1.0),
         advantage_abs_mean=(jnp.abs(advantages) * valid).sum() / jnp.maximum(valid.sum(), 1.0))

@@ -192,3 +192,21 @@ def test_config_errors_list_every_problem():
                            batch_lib.TrainBatch(_make_batch().actor))
     with pytest.raises(ValueError, match="needs an extractor state"):
         ts.make_train_step(CFG, mesh, None, None, _make_batch())
+
+
+def test_a_batch_without_learning_signal_leaves_the_states_untouched(single):
+    """Every rollout of every group alike (all failed): zero advantages, zero gradient. Adam
+    would still move the params along the momentum of the golden step; the step keeps them."""
+    step, batch = single["step"], single["batch"]
+    flat = batch.replace(actor=batch.actor.replace(rewards=jnp.zeros_like(batch.actor.rewards)))
+    moved = single["new_actor"]  # carries the golden step's Adam momentum
+    new_actor, new_extractor, m = step(_copy(moved), _copy(single["extractor"]), flat)
+    assert float(m["actor/grad_norm"]) == 0.0
+    assert m["actor/skipped"] == 1 and m["actor/no_signal"] == 1 and m["extractor/no_signal"] == 0
+    assert _bitwise_equal(new_actor.params, moved.params)
+    assert _bitwise_equal(new_actor.opt_state, moved.opt_state)
+    assert int(new_actor.step) == int(moved.step)
+    # Plain AdamW would have moved them: one optimiser step on the zero gradient changes params.
+    zeros = jax.tree.map(jnp.zeros_like, moved.params)
+    updates, _ = moved.tx.update(zeros, moved.opt_state, moved.params)
+    assert max(float(jnp.max(jnp.abs(u))) for u in jax.tree.leaves(updates)) > 0
