@@ -81,9 +81,7 @@ def config_digest(config: Any, ignore: tuple[str, ...] = ()) -> str:
 
 def _json_problems(obj: Any, where: str = "host_state") -> list[str]:
     """Everything in `obj` that would not come back from JSON exactly as it went in."""
-    if obj is None or isinstance(obj, (bool, str, int)):
-        return []
-    if isinstance(obj, float):
+    if obj is None or isinstance(obj, (bool, str, int, float)):
         return []  # json writes repr(float), which reads back bit-identical (NaN/inf included)
     if isinstance(obj, dict):
         out = [f"{where}: key {k!r} is not a str" for k in obj if not isinstance(k, str)]
@@ -284,6 +282,9 @@ class Checkpointer:
                              f"{self.directory} failed ({cause}); is the disk full? {resume}") from None
 
     def close(self) -> None:
+        # Orbax cleans temporary folders on a thread of its own and its close() does not wait for
+        # it: a folder deleted right after close raced that thread (a logged FileNotFoundError).
+        getattr(self._mgr, "_maybe_await_cleanup_tmp_directory", lambda: None)()
         self._mgr.close()
 
     def __enter__(self) -> "Checkpointer":
