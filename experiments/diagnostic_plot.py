@@ -19,6 +19,7 @@ import os
 import numpy as np
 
 METHODS = ("baseline", "crl", "static", "exp_only")
+COLORS = dict(zip(METHODS, ("tab:blue", "tab:orange", "tab:green", "tab:red")))
 DRIFT_EVERY = 6  # the registered diag/doors drift (crl_jax/envs/doors.py)
 
 
@@ -56,7 +57,8 @@ def main() -> None:
             curves = [curve(log, key) for log in runs.values()]
             steps = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
             if steps:
-                ax.plot(steps, [np.mean([c[s] for c in curves]) for s in steps], label=method)
+                ax.plot(steps, [np.mean([c[s] for c in curves]) for s in steps], label=method,
+                        color=COLORS[method])
         for drift in range(DRIFT_EVERY, 1 + max((r["step"] for runs in logs.values()
                                                    for log in runs.values() for r in log), default=0),
                            DRIFT_EVERY):
