@@ -300,6 +300,7 @@ def test_run_warm_start_trains_and_reuses_its_cache(short_tokenizer, tmp_path):
     # The trained extractor was probed (the stand-in sampler's replies never parse).
     assert summary["extractor"]["probe"] == {
         "episodes": PROBE_EPISODES, "parsed": 0.0, "outcomes": {"no_answer": PROBE_EPISODES},
+        "parsed_with_lesson": 0.0, "outcomes_with_lesson": {"no_answer": PROBE_EPISODES},
         "merges": PROBE_MERGES, "merge_parsed": 0.0, "merge_outcomes": {"no_items": PROBE_MERGES}}
     changed = jax.tree.map(lambda a, b: float(np.abs(np.asarray(a) - np.asarray(b)).max()),
                            jax.device_get(actor_params), before)
@@ -381,16 +382,23 @@ def test_probe_counts_the_parse_outcomes_of_fresh_distillations_and_merges():
     probe = probe_extractor("params", generate, tasks, max_turns=12, seed=5, merges=8, merge_lessons=3)
     assert probe == {"episodes": 8, "parsed": 0.5,
                      "outcomes": {"ok": 2, "return": 2, "unparsable": 2, "no_answer": 2},
+                     "parsed_with_lesson": 0.5,
+                     "outcomes_with_lesson": {"ok": 2, "return": 2, "unparsable": 2, "no_answer": 2},
                      "merges": 8, "merge_parsed": 0.5,
                      "merge_outcomes": {"ok": 2, "return": 2, "unparsable": 2, "no_items": 2}}
-    # Two calls with the extractor's params. First the distillation prompts of unguided episodes
-    # (no lesson injected, none retrieved), as RL's distillations of an empty bank look.
-    (params, conversations), (merge_params, merges) = seen
-    assert params == merge_params == "params" and len(conversations) == 8
+    # Three calls with the extractor's params. First the distillation prompts of unguided episodes
+    # (no lesson injected, none retrieved), as RL's distillations of an empty bank look; then the
+    # same episodes, each shown one lesson of its family as "Memory Entry 1", as in RL.
+    (params, conversations), (_, with_lesson), (merge_params, merges) = seen
+    assert params == merge_params == "params" and len(conversations) == len(with_lesson) == 8
     for conversation in conversations:
         assert conversation[0]["content"] == prompts.DISTILL_SYSTEM
         assert prompts.NO_MEMORIES in conversation[1]["content"]
         assert "[Experience notes]" not in conversation[1]["content"]
+    family = {demos.render(e) for e in lessons.all_lessons(TASK)}
+    for conversation in with_lesson:
+        assert prompts.NO_MEMORIES not in conversation[1]["content"]
+        assert sum(text in conversation[1]["content"] for text in family) >= 1
     # Then merge prompts of 2 to merge_lessons of the probed family's lessons.
     lesson_texts = {demos.render(e) for e in lessons.all_lessons(TASK)}
     sizes = set()

@@ -304,6 +304,9 @@ def _warm_start_section(rows: list[dict]) -> list[str]:
     if first.get("warm_start/extractor_parsed") is not None:
         lines.append("- extractor distillations that parse, on fresh scripted episodes: "
                      f"{_fmt(first['warm_start/extractor_parsed'])}")
+    if first.get("warm_start/extractor_parsed_with_lesson") is not None:
+        lines.append("- the same, each shown a lesson of its family (as every distillation in RL): "
+                     f"{_fmt(first['warm_start/extractor_parsed_with_lesson'])}")
     if first.get("warm_start/extractor_merge_parsed") is not None:
         lines.append("- extractor merges that parse, on fresh chunks of lessons: "
                      f"{_fmt(first['warm_start/extractor_merge_parsed'])}")

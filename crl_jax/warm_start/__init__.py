@@ -198,15 +198,18 @@ def _train_extractor(cfg: WarmStartConfig, inputs: WarmStartInputs, demos, folde
         probe = probe_extractor(params, inputs.generate, probe_tasks, max_turns=inputs.max_turns,
                                 seed=inputs.seed + 99, merge_lessons=cfg.merge_lessons)
         summary["probe"] = probe
-        log.info("warm start: the extractor's distillations of %d fresh episodes: %.0f%% parse (%s)",
-                 probe["episodes"], 100 * probe["parsed"],
-                 ", ".join(f"{k} {v}" for k, v in sorted(probe["outcomes"].items())))
+        for shown, parsed, outcomes in (("", "parsed", "outcomes"),
+                                         (", each shown a lesson", "parsed_with_lesson", "outcomes_with_lesson")):
+            log.info("warm start: the extractor's distillations of %d fresh episodes%s: %.0f%% parse (%s)",
+                     probe["episodes"], shown, 100 * probe[parsed],
+                     ", ".join(f"{k} {v}" for k, v in sorted(probe[outcomes].items())))
         log.info("warm start: the extractor's merges of %d chunks of lessons: %.0f%% parse (%s)",
                  probe["merges"], 100 * probe["merge_parsed"],
                  ", ".join(f"{k} {v}" for k, v in sorted(probe["merge_outcomes"].items())))
-        if probe["parsed"] < PROBE_WARN_BELOW:
+        worst = min(probe["parsed"], probe["parsed_with_lesson"])
+        if worst < PROBE_WARN_BELOW:
             log.warning("warm start: only %.0f%% of the extractor's distillations parse, so the bank "
-                        "will stay nearly empty; raise warm_start.extractor_steps", 100 * probe["parsed"])
+                        "will stay nearly empty; raise warm_start.extractor_steps", 100 * worst)
     return params, {"extractor": summary, "time_s": time.perf_counter() - started}
 
 
@@ -246,6 +249,8 @@ def summary_metrics(summary: dict) -> dict[str, float]:
         if "probe" in summary["extractor"]:  # absent from caches made before the probe
             probe = summary["extractor"]["probe"]
             out["warm_start/extractor_parsed"] = probe["parsed"]
+            if "parsed_with_lesson" in probe:  # absent from caches made before it was probed
+                out["warm_start/extractor_parsed_with_lesson"] = probe["parsed_with_lesson"]
             if "merge_parsed" in probe:   # absent from caches made before the merge probe
                 out["warm_start/extractor_merge_parsed"] = probe["merge_parsed"]
     return out
