@@ -47,7 +47,7 @@ def collect_texts(task_names: Sequence[str], episodes_per_task: int = 12) -> lis
              "## Outcome SUCCESS FAILURE ## Interaction ## Previous Lessons Memory Entry",
              "## Agent's question ## Retrieved lesson ## Lessons Goal: goal: observation:",
              " ".join(prompts.ROLE_LABELS.values()), prompts.inject_experience("", "notes"),
-             *lessons.vocabulary_texts()]
+             *lessons.vocabulary_texts(task_names)]
     from crl_jax.envs.experts import expert_for, random_agent_for
 
     for name in task_names:

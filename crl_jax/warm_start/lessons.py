@@ -240,10 +240,14 @@ def expert_lesson(task: str, env=None, seed: int | None = None) -> tuple[str, st
     return _LESSONS[family(task)]["fast"]
 
 
-def vocabulary_texts() -> list[str]:
-    texts = [QUESTION, _GUIDANCE_OPENING, FACT_TITLE, "nothing was learnt", *_THINK.values(),
+def vocabulary_texts(tasks: Sequence[str] = ()) -> list[str]:
+    """Every string the summariser can write for `tasks` (a fact family's facts come from its
+    environment's own vocabulary texts)."""
+    texts = [QUESTION, _GUIDANCE_OPENING, *_THINK.values(),
              "<think></think><answer>return()</answer> update([1], add(<title></title><content></content>)"]
     for lessons in _LESSONS.values():
         for title, content in lessons.values():
             texts += [title, content]
+    if any(family(task) in FACT_FAMILIES for task in tasks):
+        texts += [FACT_TITLE, "nothing was learnt"]
     return texts
