@@ -228,6 +228,16 @@ def _read_config(workdir: str) -> dict:
         return {}
 
 
+_WARM_START_LINES = (
+    ("actor_window_loss", "actor behaviour-cloning loss on action windows, end of that phase"),
+    ("extractor_loss", "extractor SFT loss at the end"),
+    ("extractor_parsed", "extractor distillations that parse, on fresh scripted episodes"),
+    ("extractor_parsed_with_lesson",
+     "the same, each shown a lesson of its family (as every distillation in RL)"),
+    ("extractor_merge_parsed", "extractor merges that parse, on fresh chunks of lessons"),
+)
+
+
 def _coevolution_section(rows: list[dict], config: dict) -> list[str]:
     """How much the two models co-evolved: extractor updates against RL steps, what each update
     trained on, and how the bank moved per step. Warns when the extractor trained on fewer than a
@@ -296,20 +306,9 @@ def _warm_start_section(rows: list[dict]) -> list[str]:
         return []
     lines = [f"- scripted demonstrations: success {_fmt(first.get('warm_start/demo_success', 0.0))}",
              f"- actor behaviour-cloning loss at the end: {_fmt(first['warm_start/actor_loss'])}"]
-    if first.get("warm_start/actor_window_loss") is not None:
-        lines.append("- actor behaviour-cloning loss on action windows, end of that phase: "
-                     f"{_fmt(first['warm_start/actor_window_loss'])}")
-    if first.get("warm_start/extractor_loss") is not None:
-        lines.append(f"- extractor SFT loss at the end: {_fmt(first['warm_start/extractor_loss'])}")
-    if first.get("warm_start/extractor_parsed") is not None:
-        lines.append("- extractor distillations that parse, on fresh scripted episodes: "
-                     f"{_fmt(first['warm_start/extractor_parsed'])}")
-    if first.get("warm_start/extractor_parsed_with_lesson") is not None:
-        lines.append("- the same, each shown a lesson of its family (as every distillation in RL): "
-                     f"{_fmt(first['warm_start/extractor_parsed_with_lesson'])}")
-    if first.get("warm_start/extractor_merge_parsed") is not None:
-        lines.append("- extractor merges that parse, on fresh chunks of lessons: "
-                     f"{_fmt(first['warm_start/extractor_merge_parsed'])}")
+    for key, text in _WARM_START_LINES:  # each only where the warm start logged it
+        if first.get(f"warm_start/{key}") is not None:
+            lines.append(f"- {text}: {_fmt(first[f'warm_start/{key}'])}")
     if first.get("warm_start/actor_fingerprint") is not None:
         lines.append("- fingerprint of the actor's weights after it (runs with equal ones start RL "
                      f"from the same actor): {int(first['warm_start/actor_fingerprint']):012x}")

@@ -13,7 +13,7 @@ from crl_jax import trainer as trainer_lib
 from crl_jax.run import evaluation
 from crl_jax import warm_start as warm_start_lib
 
-from tests.trainer.test_warm_start_run import WARM
+from tests.trainer.tiny_config import WARM
 
 
 class SignalNotHandled(Exception):

@@ -6,16 +6,7 @@ import json
 from crl_jax import trainer as trainer_lib
 from crl_jax.run import episodes
 from crl_jax.warm_start import params_fingerprint, summary_metrics
-
-WARM = {
-    "tasks": ("test/corridor",), "steps": 2,
-    "rollout": {"max_turns": 4, "max_new_tokens": 6},
-    "warm_start": {"enabled": True, "episodes": 16, "actor_steps": 6, "extractor_steps": 2,
-                   "merge_examples": 2, "batch_size": 4, "learning_rate": 3e-3},
-    "eval": {"every": 0, "tasks_per_env": 4, "at_start": True},
-    "extractor": {"batch_size": 2, "max_new_tokens": 16, "cache_length": 256},
-    "rl": {"max_seq_len": 256},
-}
+from tests.trainer.tiny_config import WARM
 
 
 def test_warm_start_runs_before_rl_and_is_reported(make_config, tmp_path):

@@ -29,5 +29,18 @@ def tiny_run(**sections) -> dict:
     return base
 
 
+# The tiny run with a warm start and the start evaluation (the corridor environment, registered by
+# the trainer tests' conftest and by tests/faults/warm_run_config.py).
+WARM = {
+    "tasks": ("test/corridor",), "steps": 2,
+    "rollout": {"max_turns": 4, "max_new_tokens": 6},
+    "warm_start": {"enabled": True, "episodes": 16, "actor_steps": 6, "extractor_steps": 2,
+                   "merge_examples": 2, "batch_size": 4, "learning_rate": 3e-3},
+    "eval": {"every": 0, "tasks_per_env": 4, "at_start": True},
+    "extractor": {"batch_size": 2, "max_new_tokens": 16, "cache_length": 256},
+    "rl": {"max_seq_len": 256},
+}
+
+
 def get_config(arg=None):
     return config_dict.ConfigDict(tiny_run(steps=int(arg) if arg else 3))
