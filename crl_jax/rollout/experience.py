@@ -23,8 +23,8 @@ from crl_jax.memory import prompts
 from crl_jax.memory.manager import MemoryManager
 from crl_jax.memory.text_store import Entry, Generation
 from crl_jax.rollout.extractor import ExtractorClient
-from crl_jax.run import metrics as metrics_lib
 from crl_jax.rollout.trajectory import Trajectory
+from crl_jax.run import metrics as metrics_lib
 
 
 class ExperienceService:
