@@ -20,7 +20,16 @@ REDOWNLOAD = "the file is damaged or incomplete: download or convert it again"
 
 class BadModelFile(ValueError):
     """A model, tokenizer or data file that cannot be read; the message names the file, what is
-    wrong and the fix."""
+    wrong and the fix, on one line (a multi-line detail is joined)."""
+
+    def __init__(self, message: str):
+        super().__init__(" ".join(line.strip() for line in str(message).splitlines() if line.strip()))
+
+
+def unusable(what, err: BaseException) -> BadModelFile:
+    """The BadModelFile for an unexpected failure while reading `what` (a file or folder)."""
+    detail = " ".join(str(err).split())[:160]
+    return BadModelFile(f"{what}: cannot be used ({type(err).__name__}: {detail}); {REDOWNLOAD}")
 
 
 class MissingAsset(FileNotFoundError):

@@ -26,7 +26,7 @@ import numpy as np
 import tokenizers
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 
-from crl_jax.assets import REDOWNLOAD, BadModelFile, read_json
+from crl_jax.assets import REDOWNLOAD, BadModelFile, read_json, unusable
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 # Tags the method's prompts use; single tokens in the word-level tokenizer.
@@ -116,10 +116,20 @@ class Tokenizer:
     # -- loading and saving -------------------------------------------------------------------
     @classmethod
     def load(cls, path, chat: ChatML | None = None) -> "Tokenizer":
-        """Load a local HF tokenizer folder (tokenizer.json, or anything AutoTokenizer can convert)."""
+        """Load a local HF tokenizer folder (tokenizer.json, or anything AutoTokenizer can convert).
+        Files that cannot be used raise BadModelFile naming them."""
         folder = Path(path)
         if not folder.is_dir():
             raise FileNotFoundError(f"tokenizer folder not found: {folder}")
+        try:
+            return cls._load(folder, chat)
+        except BadModelFile:
+            raise
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+            raise unusable(folder, err) from None
+
+    @classmethod
+    def _load(cls, folder: Path, chat: ChatML | None) -> "Tokenizer":
         config = _read_json(folder / "tokenizer_config.json")
         if (folder / "tokenizer.json").is_file():
             try:

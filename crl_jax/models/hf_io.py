@@ -22,7 +22,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from crl_jax import sharding
-from crl_jax.assets import REDOWNLOAD, BadModelFile, read_json
+from crl_jax.assets import REDOWNLOAD, BadModelFile, read_json, unusable
 from crl_jax.models.config import DecoderConfig, RopeScaling
 from crl_jax.models.decoder import Decoder, param_logical_axes
 
@@ -242,8 +242,17 @@ def _load_param(tensors: _FolderTensors, cfg: DecoderConfig, name: str, our_shap
 
 def from_pretrained(path: str, *, mesh: Mesh | None = None, **config_overrides) -> Decoder:
     """Load a local Hugging Face folder into a Decoder (float32 unless `param_dtype`/`dtype` say
-    otherwise). With `mesh`, parameters are born sharded by their logical axes."""
-    path = os.fspath(path)
+    otherwise). With `mesh`, parameters are born sharded by their logical axes. Files that cannot
+    be used raise BadModelFile (CheckpointError) naming them."""
+    try:
+        return _from_pretrained(os.fspath(path), mesh, config_overrides)
+    except BadModelFile:
+        raise
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        raise unusable(os.fspath(path), err) from None
+
+
+def _from_pretrained(path: str, mesh: Mesh | None, config_overrides: dict) -> Decoder:
     if not os.path.isdir(path):
         raise CheckpointError(f"{path}: not a directory (expected a Hugging Face checkpoint folder)")
     config_path = os.path.join(path, "config.json")

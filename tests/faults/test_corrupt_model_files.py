@@ -216,3 +216,45 @@ def test_damaged_gguf_metadata_names_the_file(tmp_path):
         damaged_file = tmp_path / f"trial{trial}.gguf"
         damaged_file.write_bytes(bytes(data))
         _loads_or_names_the_file(lambda p: gguf_io.gguf_to_hf_folder(p, tmp_path / "out"), damaged_file)
+
+
+def _edit_json(name, change):
+    def damage(folder):
+        data = json.loads((folder / name).read_text())
+        change(data)
+        (folder / name).write_text(json.dumps(data))
+    return damage
+
+
+def _directory_for_weights(folder):
+    os.remove(folder / "model.safetensors")
+    os.mkdir(folder / "model.safetensors")
+
+
+MODEL_CASES = {
+    "hidden_size_text": _edit_json("config.json", lambda c: c.update(hidden_size="abc")),
+    "heads_zero": _edit_json("config.json", lambda c: c.update(num_attention_heads=0)),
+    "weights_a_directory": _directory_for_weights,
+}
+TOKENIZER_CASES = {
+    "config_a_list": lambda folder: (folder / "tokenizer_config.json").write_text("[1]"),
+    "eos_a_number": _edit_json("tokenizer_config.json", lambda c: c.update(eos_token=5)),
+    "eos_not_in_vocabulary": _edit_json("tokenizer_config.json", lambda c: c.update(eos_token="zzqq")),
+    "tokenizer_json_gone": lambda folder: os.remove(folder / "tokenizer.json"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MODEL_CASES) + sorted(TOKENIZER_CASES))
+def test_readable_but_unusable_files_are_one_line_naming_the_folder(case, checkpoint, tmp_path):
+    from crl_jax.tokenizer import Tokenizer, build_word_tokenizer
+
+    if case in MODEL_CASES:
+        folder, load = damaged(checkpoint, tmp_path, MODEL_CASES[case]), models.from_pretrained
+    else:
+        folder = tmp_path / "tokenizer"
+        build_word_tokenizer(["walk east to the end"]).save(folder)
+        TOKENIZER_CASES[case](folder)
+        load = Tokenizer.load
+    with pytest.raises(BadModelFile) as info:
+        load(folder)
+    assert "\n" not in str(info.value) and str(folder) in str(info.value)
