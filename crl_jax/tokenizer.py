@@ -26,7 +26,7 @@ import numpy as np
 import tokenizers
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 
-from crl_jax.assets import REDOWNLOAD, BadModelFile, read_json, unusable
+from crl_jax.assets import REDOWNLOAD, BadModelFile, named_if_unusable, read_json
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 # Tags the method's prompts use; single tokens in the word-level tokenizer.
@@ -121,12 +121,8 @@ class Tokenizer:
         folder = Path(path)
         if not folder.is_dir():
             raise FileNotFoundError(f"tokenizer folder not found: {folder}")
-        try:
+        with named_if_unusable(folder):
             return cls._load(folder, chat)
-        except BadModelFile:
-            raise
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
-            raise unusable(folder, err) from None
 
     @classmethod
     def _load(cls, folder: Path, chat: ChatML | None) -> "Tokenizer":

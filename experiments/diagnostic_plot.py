@@ -15,12 +15,15 @@ import argparse
 import glob
 import json
 import os
+import sys
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from crl_jax.envs.doors import DRIFT_EVERY  # noqa: E402
+
 METHODS = ("baseline", "crl", "static", "exp_only")
 COLORS = dict(zip(METHODS, ("tab:blue", "tab:orange", "tab:green", "tab:red")))
-DRIFT_EVERY = 6  # the registered diag/doors drift (crl_jax/envs/doors.py)
 
 
 def rows(path: str) -> list[dict]:

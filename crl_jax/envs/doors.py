@@ -29,6 +29,7 @@ from crl_jax.envs.base import ScriptedAgent, TextEnv
 HALLS = ("north", "south")
 DOORS = ("red", "blue", "green", "white", "black")
 HOURS = tuple(str(h) for h in range(1, 13))
+DRIFT_EVERY = 6  # RL steps between drifts of the registered diag/doors
 _ADVICE = re.compile(r"the (\w+) hall the (\w+) door (opens|is locked)", re.IGNORECASE)
 
 
@@ -57,7 +58,7 @@ class DoorsEnv(TextEnv):
                      "Open a door by writing its colour inside <answer>...</answer>, such as "
                      "<answer>red</answer>. You have two tries.")
 
-    def __init__(self, drift_every: int = 6, numbered_actions: bool = False):
+    def __init__(self, drift_every: int = DRIFT_EVERY, numbered_actions: bool = False):
         super().__init__(numbered_actions)
         if drift_every < 0:
             raise ValueError(f"drift_every must be >= 0, got {drift_every}")

@@ -16,8 +16,7 @@ from crl_jax.memory.text_store import TextStore
 def bank_problem(bank: Bank, store: TextStore, tasks: list[str], capacity: int, dim: int) -> str | None:
     """What is wrong with (bank, store) for a run of `tasks`, or None."""
     b = {name: np.asarray(getattr(bank, name)) for name in (
-        "keys", "valid", "entry_id", "created_step", "last_retrieved_step", "retrieval_count",
-        "train_count", "last_trained_step", "next_id")}
+        "keys", "valid", "entry_id", "retrieval_count", "train_count", "next_id")}
     if b["valid"].shape != (len(tasks), capacity) or b["keys"].shape[2:] != (dim,):
         return (f"bank arrays of shape {b['valid'].shape} x {b['keys'].shape[2:]}, expected "
                 f"{(len(tasks), capacity)} x {(dim,)}")

