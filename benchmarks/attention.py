@@ -7,6 +7,9 @@ matmul peak is measured in the same run (benchmarks/train_step.py), and each sid
 training FLOPs (causal attention counted whole, as both compute about half of it) are divided by
 it. Prints one JSON line.
 
+Both sides run the MLP in time chunks of `--mlp_chunk` tokens (DecoderConfig.mlp_chunk), as a
+long-sequence update would; `whole_mlp_temp_ratio` is the memory ratio with the MLP whole.
+
   python benchmarks/attention.py                       # tiny preset, one sequence of 4,096 tokens
   python benchmarks/attention.py --seq=8192 --steps=3
 """
@@ -35,8 +38,8 @@ from crl_jax.rl import train_step as ts  # noqa: E402
 GIB = 2**30
 
 
-def build(preset: str, implementation: str, remat: str, batch, mesh):
-    cfg = models.get_preset(preset, attention=implementation, remat=remat)
+def build(preset: str, implementation: str, remat: str, mlp_chunk: int, batch, mesh):
+    cfg = models.get_preset(preset, attention=implementation, remat=remat, mlp_chunk=mlp_chunk)
     graphdef, params = nnx.split(models.Decoder(cfg, rngs=nnx.Rngs(0)))
     state = state_lib.TrainState.create(graphdef, params, state_lib.make_optimizer(
         state_lib.OptimizerConfig(learning_rate=train_bench.LR)))
@@ -51,6 +54,7 @@ def main():
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--seq", type=int, default=4096)
     p.add_argument("--remat", default="none")
+    p.add_argument("--mlp_chunk", type=int, default=512)
     p.add_argument("--steps", type=int, default=5)
     args = p.parse_args()
 
@@ -60,7 +64,7 @@ def main():
     sides = {}
     for name in ("blockwise", "materialized"):
         t = time.perf_counter()
-        cfg, state, compiled = build(args.preset, name, args.remat, batch, mesh)
+        cfg, state, compiled = build(args.preset, name, args.remat, args.mlp_chunk, batch, mesh)
         sides[name] = dict(state=state, step=compiled, times=[], compile_s=time.perf_counter() - t,
                            temp=compiled.memory_analysis().temp_size_in_bytes)
     for _ in range(args.steps + 1):  # the first round warms up
@@ -73,7 +77,7 @@ def main():
     flops = train_bench.training_flops(cfg, args.batch, args.seq)
     out = {"benchmark": "long_context_attention", "backend": jax.default_backend(),
            "preset": args.preset, "batch": args.batch, "seq": args.seq, "remat": args.remat,
-           "steps": args.steps, "threads": os.cpu_count(),
+           "mlp_chunk": args.mlp_chunk, "steps": args.steps, "threads": os.cpu_count(),
            "matmul_peak_gflops": round(peak / 1e9, 1)}
     for name, side in sides.items():
         median = statistics.median(side["times"][1:])
@@ -82,6 +86,9 @@ def main():
         out[f"{name}_fraction_of_matmul_peak"] = round(flops / median / peak, 3)
         out[f"{name}_compile_s"] = round(side["compile_s"], 1)
     out["temp_ratio"] = round(sides["blockwise"]["temp"] / sides["materialized"]["temp"], 3)
+    whole = [build(args.preset, name, args.remat, 0, batch, mesh)[2].memory_analysis().temp_size_in_bytes
+             for name in ("blockwise", "materialized")]
+    out["whole_mlp_temp_ratio"] = round(whole[0] / whole[1], 3)
     out["speed_ratio"] = round(out["blockwise_tokens_per_s"] / out["materialized_tokens_per_s"], 3)
     print(json.dumps(out))
 

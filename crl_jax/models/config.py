@@ -67,6 +67,9 @@ class DecoderConfig:
     # split along T over the mesh axis of the `context` rule (crl_jax/sharding.py) and splash
     # attention gathers keys and values; meant for micro-batches smaller than that axis.
     context_parallel: bool = False
+    # Run the MLP over time chunks of this many tokens, each rematerialised (0: whole sequence):
+    # for long sequences, whose MLP activations dominate an update once attention is blockwise.
+    mlp_chunk: int = 0
     bos_token_id: int | None = None
     eos_token_id: int | tuple[int, ...] | None = None
     pad_token_id: int | None = None
@@ -94,6 +97,10 @@ class DecoderConfig:
             problems.append(f"attention must be one of {ATTENTION_IMPLEMENTATIONS}, got {self.attention!r}")
         if not isinstance(self.attention_block, int) or self.attention_block < 8:
             problems.append(f"attention_block must be an int >= 8, got {self.attention_block!r}")
+        if not isinstance(self.mlp_chunk, int) or self.mlp_chunk < 0:
+            problems.append(f"mlp_chunk must be an int >= 0, got {self.mlp_chunk!r}")
+        elif self.mlp_chunk and self.context_parallel:
+            problems.append("mlp_chunk and context_parallel both split the sequence; set one")
         if self.model_type not in ("llama", "qwen2", "qwen3"):
             problems.append(f"model_type must be llama, qwen2 or qwen3, got {self.model_type!r}")
         if problems:

@@ -221,8 +221,31 @@ class _LayerMath:
             out = out + w["bo"]
         x = x + out
         h = layers.rms_norm(x, w["post_attention_norm"], cfg.rms_norm_eps)
+        return x + self.mlp(h, w)
+
+    def mlp(self, h, w):
+        """SwiGLU MLP [B,T,D]. With `mlp_chunk` (and no cache) it runs over time chunks of that
+        many tokens, each rematerialised: the update then keeps each layer's MLP input [B,T,D]
+        for the backward instead of its [B,T,F] activations, and builds one chunk's at a time.
+        Once attention is blockwise those activations are most of a long sequence's memory."""
+        size = self.cfg.mlp_chunk
+        if self.cached or not size or h.shape[1] <= size:
+            return self._swiglu(h, w)
+        b, t, d = h.shape
+        padded = _round_up(t, size)
+        chunks = jnp.pad(h, ((0, 0), (0, padded - t), (0, 0))).reshape(b, padded // size, size, d)
+        weights = {name: w[name] for name in ("w_gate", "w_up", "w_down")}
+        out = jax.lax.map(jax.checkpoint(lambda part: self._swiglu(part, weights)),
+                          chunks.swapaxes(0, 1))
+        return out.swapaxes(0, 1).reshape(b, padded, d)[:, :t]
+
+    def _swiglu(self, h, w):
         gate, up = self.gate_and_up(h, w)
-        return x + layers.dense("btf,fd->btd", layers.silu(gate) * up, w["w_down"], chunk)
+        return layers.dense("btf,fd->btd", layers.silu(gate) * up, w["w_down"], self.chunk)
+
+
+def _round_up(x: int, multiple: int) -> int:
+    return -(-x // multiple) * multiple
 
 
 def _run_layers(cfg, stacked: DecoderLayers, x, positions, key_valid, cache, write_slots):

@@ -69,8 +69,10 @@ def checkpoint(request, tmp_path_factory):
 
 # Every attention implementation a CPU runs: a block of 8 splits the 13-token batch; splash runs
 # in Pallas interpret mode (its block is at least 128, so the batch is padded to one block).
+# The long-sequence setting runs the MLP in time chunks too (4 tokens: 13 padded to 16).
 ATTENTION = {"materialized": {}, "blockwise": dict(attention="blockwise", attention_block=8),
-             "splash": dict(attention="splash", attention_block=128)}
+             "splash": dict(attention="splash", attention_block=128),
+             "blockwise_mlp_chunks": dict(attention="blockwise", attention_block=8, mlp_chunk=4)}
 
 
 @pytest.mark.parametrize("attention", sorted(ATTENTION))
@@ -158,13 +160,15 @@ def test_bfloat16_policy_is_close_to_float32(qwen3_checkpoint):
 
 
 def test_remat_policies_give_identical_gradients(qwen3_checkpoint):
+    """Every remat policy, and the MLP in time chunks (7 tokens in chunks of 3), give the same
+    gradients."""
     path = qwen3_checkpoint
     from flax import nnx
 
     tokens = jnp.asarray(np.random.default_rng(5).integers(0, 101, (2, 7)))
     grads = []
-    for policy in ("none", "full", "dots"):
-        graphdef, params = nnx.split(models.from_pretrained(path, remat=policy))
+    for policy, mlp_chunk in (("none", 0), ("full", 0), ("dots", 0), ("none", 3), ("full", 3)):
+        graphdef, params = nnx.split(models.from_pretrained(path, remat=policy, mlp_chunk=mlp_chunk))
         loss = lambda p: models.apply(graphdef, p, tokens).mean()  # noqa: E731
         grads.append(jax.grad(loss)(params))
     for other in grads[1:]:
