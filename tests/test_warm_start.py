@@ -83,8 +83,15 @@ def test_demos_follow_the_actor_loop_format(demo_set, tokenizer):
 
 def test_extractor_targets_parse_as_bank_operations(demo_set, tokenizer):
     examples, counts = demos.extractor_examples(tokenizer, demo_set, room=900, merges=20, seed=0)
-    assert counts["distill"] == len(demo_set) and counts["refine"] == sum(d.searched for d in demo_set)
+    # An unguided demo is distilled twice, without and with a lesson shown, as RL shows one.
+    unguided = sum(d.entry is None for d in demo_set)
+    assert unguided and counts["distill"] == len(demo_set) + unguided
+    assert counts["refine"] == sum(d.searched for d in demo_set)
     assert counts["merge"] == 20 and len(examples) == sum(counts.values())
+    prompts_seen = [tokenizer.decode(ids[~mask].tolist()) for ids, mask in examples]
+    distills = [p for p in prompts_seen if "## Outcome" in p]
+    assert len(distills) == counts["distill"]
+    assert sum("Memory Entry 1:" in p for p in distills) == len(demo_set)  # one per demo
     kinds = {"ok": 0, "return": 0}
     for demo in demo_set:
         retrieved = [demo.entry] if demo.entry else []
