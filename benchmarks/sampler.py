@@ -2,8 +2,9 @@
 
 For each config, random weights are made once in transformers, saved, and loaded into crl_jax; a
 batch of random prompts is generated greedily by both, side by side in one process, and the
-tokens are compared. Prints one JSON line per config: both tokens/s (new tokens only, prefill
-included in the time), their ratio, whether the tokens agree, and crl_jax's achieved GFLOP/s as a
+tokens are compared. The two sides alternate, `--repeats` runs each, and the medians are
+compared. Prints one JSON line per config: both tokens/s (new tokens only, prefill included in
+the time), their ratio, whether the tokens agree, and crl_jax's achieved GFLOP/s as a
 fraction of a float32 matmul peak measured in the same run.
 
     python benchmarks/sampler.py                     # qwen2-7m and smollm2-135m, B=32, 128+128
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -79,7 +81,8 @@ def make_pair(cfg: models.DecoderConfig, folder: str, seed: int = 0):
     return torch_model, models.from_pretrained(folder)
 
 
-def run_transformers(torch_model, prompts: np.ndarray, new: int) -> tuple[np.ndarray, float]:
+def transformers_runner(torch_model, prompts: np.ndarray, new: int):
+    """A callable that generates greedily with transformers: (new tokens [B, new], seconds)."""
     config = transformers.GenerationConfig(do_sample=False, max_new_tokens=new, min_new_tokens=new,
                                            eos_token_id=None, pad_token_id=0)
     ids = torch.tensor(prompts, dtype=torch.long)
@@ -88,26 +91,41 @@ def run_transformers(torch_model, prompts: np.ndarray, new: int) -> tuple[np.nda
                                                eos_token_id=None, pad_token_id=0)
         torch_model.generate(input_ids=ids[:2, :8], attention_mask=torch.ones_like(ids[:2, :8]),
                              generation_config=warmup)
-        start = time.perf_counter()
-        out = torch_model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
-                                   generation_config=config)
-        seconds = time.perf_counter() - start
-    return out[:, prompts.shape[1]:].numpy(), seconds
+
+    def run():
+        with torch.inference_mode():
+            start = time.perf_counter()
+            out = torch_model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                       generation_config=config)
+            return out[:, prompts.shape[1]:].numpy(), time.perf_counter() - start
+    return run
 
 
-def run_crl_jax(model, prompts: np.ndarray, new: int, repeats: int) -> tuple[np.ndarray, float]:
+def crl_jax_runner(model, prompts: np.ndarray, new: int):
+    """A callable that generates greedily with crl_jax's sampler (compiled here)."""
     graphdef, params = nnx.split(model)
     spec = sampling.SamplerSpec(method="greedy", max_new_tokens=new,
                                 cache_length=prompts.shape[1] + new)
     sampler = conversations.Sampler(graphdef, model.config, spec)
     rows = [list(map(int, p)) for p in prompts]
     sampler.generate(params, rows)  # compile
-    best = float("inf")
-    for _ in range(repeats):
+
+    def run():
         start = time.perf_counter()
         result = sampler.generate(params, rows)
-        best = min(best, time.perf_counter() - start)
-    return np.stack(result.tokens), best
+        return np.stack(result.tokens), time.perf_counter() - start
+    return run
+
+
+def alternate(runners: dict, repeats: int) -> tuple[dict, dict]:
+    """Run each callable `repeats` times, alternating, so background load hits all alike:
+    ({name: median seconds}, {name: last output})."""
+    times, outputs = {name: [] for name in runners}, {}
+    for _ in range(repeats):
+        for name, run in runners.items():
+            outputs[name], seconds = run()
+            times[name].append(seconds)
+    return {name: statistics.median(t) for name, t in times.items()}, outputs
 
 
 def main(argv=None):
@@ -116,7 +134,7 @@ def main(argv=None):
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--prompt", type=int, default=128)
     parser.add_argument("--new", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=5, help="alternated runs per side (median)")
     parser.add_argument("--torch-threads", type=int, default=0,
                         help="torch intra-op threads (0: torch's default, one per core)")
     args = parser.parse_args(argv)
@@ -128,13 +146,15 @@ def main(argv=None):
         with tempfile.TemporaryDirectory() as folder:
             torch_model, model = make_pair(cfg, folder)
         prompts = np.random.default_rng(0).integers(0, cfg.vocab_size, (args.batch, args.prompt))
-        ours, our_s = run_crl_jax(model, prompts, args.new, args.repeats)
-        theirs, their_s = run_transformers(torch_model, prompts, args.new)
+        medians, outputs = alternate({"crl_jax": crl_jax_runner(model, prompts, args.new),
+                                      "transformers": transformers_runner(torch_model, prompts, args.new)},
+                                     args.repeats)
+        (our_s, their_s), (ours, theirs) = medians.values(), outputs.values()
         tokens = args.batch * args.new
         gflops = generation_flops(cfg, args.batch, args.prompt, args.new) / our_s / 1e9
         print(json.dumps({
             "config": name, "params_m": round(cfg.num_params() / 1e6, 2), "batch": args.batch,
-            "prompt": args.prompt, "new_tokens": args.new,
+            "prompt": args.prompt, "new_tokens": args.new, "repeats": args.repeats,
             "crl_jax_tokens_per_s": round(tokens / our_s, 1),
             "transformers_tokens_per_s": round(tokens / their_s, 1),
             "ratio": round(their_s / our_s, 3),
