@@ -28,7 +28,8 @@ _REMAT_POLICIES = {
 class KVCache:
     """Preallocated keys/values of every layer. Slots are written left to right per row.
 
-    k, v: [L,B,K,S,H] (kv heads before slots, so attention reads the cache without a transpose);
+    k, v: [L,B,K,S,H] (kv heads before slots, so attention reads the cache without a transpose),
+    or in the per-layer form of `split_layers`, tuples of L arrays [B,K,S,H];
     valid: [B,S] whether a slot holds a real token; end: [B] next free slot.
     """
 
@@ -48,6 +49,19 @@ def init_cache(cfg: DecoderConfig, batch_size: int, max_len: int, dtype=None) ->
     return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
                    valid=jnp.zeros((batch_size, max_len), bool),
                    end=jnp.zeros((batch_size,), jnp.int32))
+
+
+def split_layers(cache: KVCache) -> KVCache:
+    """The cache with k and v as tuples of per-layer [B,K,S,H] arrays, for a decode loop to
+    carry. Each layer's attention then reads its own buffer: XLA's CPU backend copies a layer's
+    slice of the stacked [L,...] array out before every product that reads it, which for a
+    decode step is the whole cache, twice, on every token."""
+    return cache.replace(k=tuple(cache.k), v=tuple(cache.v))
+
+
+def stack_layers(cache: KVCache) -> KVCache:
+    """The inverse of `split_layers`."""
+    return cache.replace(k=jnp.stack(cache.k), v=jnp.stack(cache.v))
 
 
 CACHE_LOGICAL_AXES = KVCache(k=("layers", "batch", "kv_heads", "cache_seq", "head_dim"),
@@ -285,6 +299,17 @@ def _run_layers(cfg, stacked: DecoderLayers, x, positions, key_valid, cache, wri
                                    write_slots, implementation=cfg.attention, block=cfg.attention_block)
         return (math.finish(x, w, attn), k_all, v_all, i + 1), None
 
+    if isinstance(cache.k, tuple):  # split_layers: one buffer per layer, layers unrolled
+        ks, vs = list(cache.k), list(cache.v)
+        for i in range(cfg.num_layers):
+            w = math.cast({name: value[i] for name, value in weights.items()})
+            q, k, v = math.project(x, w)
+            ks[i] = ks[i].at[rows, :, write_slots].set(k.astype(ks[i].dtype), mode="drop")
+            vs[i] = vs[i].at[rows, :, write_slots].set(v.astype(vs[i].dtype), mode="drop")
+            attn = attention.attention(q, ks[i].astype(dtype), vs[i].astype(dtype), key_valid, write_slots,
+                                       implementation=cfg.attention, block=cfg.attention_block)
+            x = math.finish(x, w, attn)
+        return x, (tuple(ks), tuple(vs))
     (x, k_all, v_all, _), _ = jax.lax.scan(block_cached, (x, cache.k, cache.v, 0), weights)
     return x, (k_all, v_all)
 

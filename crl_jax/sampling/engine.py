@@ -139,10 +139,11 @@ def generate(graphdef: nnx.GraphDef, params: nnx.State, state: SamplerState, tok
         return (step + 1, token, done, reason, window, lengths, cache, out_tokens, out_logprobs,
                 out_processed)
 
-    carry = (jnp.int32(1), token, done, reason, window, lengths, cache, out_tokens, out_logprobs,
-             out_processed)
+    carry = (jnp.int32(1), token, done, reason, window, lengths, models.split_layers(cache),
+             out_tokens, out_logprobs, out_processed)
     carry = jax.lax.while_loop(cond, body, carry)
     _, _, done, reason, _, lengths, cache, out_tokens, out_logprobs, out_processed = carry
+    cache = _constrain_cache(models.stack_layers(cache), mesh)
     reason = jnp.where(done, reason, stops.MAX_TOKENS)
     output = SampleOutput(tokens=out_tokens, logprobs=out_logprobs,
                           processed_logprobs=out_processed, lengths=lengths, finish_reason=reason)
@@ -150,8 +151,16 @@ def generate(graphdef: nnx.GraphDef, params: nnx.State, state: SamplerState, tok
 
 
 def _constrain_cache(cache, mesh: Mesh | None):
-    return jax.tree.map(lambda x, axes: sharding.constrain(x, mesh, axes), cache,
-                        models.CACHE_LOGICAL_AXES, is_leaf=lambda a: isinstance(a, tuple))
+    """The cache's sharding, stacked or split into layers (models.split_layers)."""
+    axes = models.CACHE_LOGICAL_AXES
+    if isinstance(cache.k, tuple):
+        per_layer = axes.k[1:]
+        return cache.replace(k=tuple(sharding.constrain(x, mesh, per_layer) for x in cache.k),
+                             v=tuple(sharding.constrain(x, mesh, per_layer) for x in cache.v),
+                             valid=sharding.constrain(cache.valid, mesh, axes.valid),
+                             end=sharding.constrain(cache.end, mesh, axes.end))
+    return jax.tree.map(lambda x, a: sharding.constrain(x, mesh, a), cache, axes,
+                        is_leaf=lambda a: isinstance(a, tuple))
 
 
 def _prefill(graphdef, params, tokens, mask, cache, mesh: Mesh | None):

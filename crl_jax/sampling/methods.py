@@ -50,6 +50,16 @@ def candidate_logits(logits: jax.Array, spec: SamplerSpec) -> tuple[jax.Array, j
     return scores, ids
 
 
+def _first_argmax(logits: jax.Array) -> jax.Array:
+    """jnp.argmax over the last axis (the first index of the maximum) as two single-output
+    reductions: XLA's CPU backend runs argmax's paired (value, index) reduction without
+    vectorising it, and for a decode step's [B, V] logits that took longer than the LM head."""
+    vocab = logits.shape[-1]
+    best = jnp.max(logits, axis=-1, keepdims=True)
+    first = jnp.min(jnp.where(logits == best, jnp.arange(vocab, dtype=jnp.int32), vocab), axis=-1)
+    return jnp.minimum(first, vocab - 1)  # NaN logits match nothing: take the last id, not V
+
+
 def choose_tokens(rng: jax.Array, logits: jax.Array, spec: SamplerSpec
                   ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Pick one token per row from logits [B,V].
@@ -59,7 +69,7 @@ def choose_tokens(rng: jax.Array, logits: jax.Array, spec: SamplerSpec
     logits = logits.astype(jnp.float32)
     raw_logprobs = jax.nn.log_softmax(logits, axis=-1)
     if spec.method == "greedy":
-        tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        tokens = _first_argmax(logits)
         processed = jnp.zeros(tokens.shape, jnp.float32)
     else:
         scores, ids = candidate_logits(logits, spec)
