@@ -29,7 +29,7 @@ class KVCache:
     """Preallocated keys/values of every layer. Slots are written left to right per row.
 
     k, v: [L,B,K,S,H] (kv heads before slots, so attention reads the cache without a transpose),
-    or in the per-layer form of `split_layers`, tuples of L arrays [B,K,S,H];
+    or in the per-layer form of `split_cache_layers`, tuples of L arrays [B,K,S,H];
     valid: [B,S] whether a slot holds a real token; end: [B] next free slot.
     """
 
@@ -51,17 +51,26 @@ def init_cache(cfg: DecoderConfig, batch_size: int, max_len: int, dtype=None) ->
                    end=jnp.zeros((batch_size,), jnp.int32))
 
 
-def split_layers(cache: KVCache) -> KVCache:
+def split_cache_layers(cache: KVCache) -> KVCache:
     """The cache with k and v as tuples of per-layer [B,K,S,H] arrays, for a decode loop to
-    carry. Each layer's attention then reads its own buffer: XLA's CPU backend copies a layer's
-    slice of the stacked [L,...] array out before every product that reads it, which for a
-    decode step is the whole cache, twice, on every token."""
+    carry; the model then runs its layers unrolled. Each layer's attention reads its own buffer,
+    where XLA's CPU backend copies a layer's slice of the stacked [L,...] array out before every
+    product that reads it: for a decode step, the whole cache twice, on every token."""
     return cache.replace(k=tuple(cache.k), v=tuple(cache.v))
 
 
-def stack_layers(cache: KVCache) -> KVCache:
-    """The inverse of `split_layers`."""
+def stack_cache_layers(cache: KVCache) -> KVCache:
+    """The inverse of `split_cache_layers`."""
     return cache.replace(k=jnp.stack(cache.k), v=jnp.stack(cache.v))
+
+
+def split_param_layers(params: nnx.State) -> nnx.State:
+    """Params whose stacked layer weights are tuples of per-layer arrays, sliced once (outside
+    a decode loop) rather than on every step by the unrolled layers; it copies the layer
+    weights once. Used with a `split_cache_layers` cache."""
+    out = nnx.State(dict(params))
+    out["layers"] = jax.tree.map(tuple, params["layers"])
+    return out
 
 
 CACHE_LOGICAL_AXES = KVCache(k=("layers", "batch", "kv_heads", "cache_seq", "head_dim"),
@@ -299,7 +308,7 @@ def _run_layers(cfg, stacked: DecoderLayers, x, positions, key_valid, cache, wri
                                    write_slots, implementation=cfg.attention, block=cfg.attention_block)
         return (math.finish(x, w, attn), k_all, v_all, i + 1), None
 
-    if isinstance(cache.k, tuple):  # split_layers: one buffer per layer, layers unrolled
+    if isinstance(cache.k, tuple):  # split_cache_layers: one buffer per layer, layers unrolled
         ks, vs = list(cache.k), list(cache.v)
         for i in range(cfg.num_layers):
             w = math.cast({name: value[i] for name, value in weights.items()})

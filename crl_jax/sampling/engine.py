@@ -117,6 +117,8 @@ def generate(graphdef: nnx.GraphDef, params: nnx.State, state: SamplerState, tok
     token, done, reason, window, out_tokens, out_logprobs, out_processed = record(
         0, logits, done, reason, window, out_tokens, out_logprobs, out_processed)
     lengths = active.astype(jnp.int32)
+    per_layer = _decode_per_layer(mesh)
+    decode_params = models.split_param_layers(params) if per_layer else params
 
     def cond(carry):
         step, _, done = carry[:3]
@@ -129,7 +131,7 @@ def generate(graphdef: nnx.GraphDef, params: nnx.State, state: SamplerState, tok
         reason = jnp.where(full, stops.CACHE_FULL, reason)
         done = done | full
         feed = jnp.where(done, 0, token)[:, None]
-        logits, cache = models.apply(graphdef, params, feed, attention_mask=~done[:, None],
+        logits, cache = models.apply(graphdef, decode_params, feed, attention_mask=~done[:, None],
                                      cache=cache)
         cache = _constrain_cache(cache, mesh)
         running = ~done
@@ -139,19 +141,30 @@ def generate(graphdef: nnx.GraphDef, params: nnx.State, state: SamplerState, tok
         return (step + 1, token, done, reason, window, lengths, cache, out_tokens, out_logprobs,
                 out_processed)
 
-    carry = (jnp.int32(1), token, done, reason, window, lengths, models.split_layers(cache),
-             out_tokens, out_logprobs, out_processed)
+    carry = (jnp.int32(1), token, done, reason, window, lengths,
+             models.split_cache_layers(cache) if per_layer else cache, out_tokens, out_logprobs,
+             out_processed)
     carry = jax.lax.while_loop(cond, body, carry)
     _, _, done, reason, _, lengths, cache, out_tokens, out_logprobs, out_processed = carry
-    cache = _constrain_cache(models.stack_layers(cache), mesh)
+    if per_layer:
+        cache = _constrain_cache(models.stack_cache_layers(cache), mesh)
     reason = jnp.where(done, reason, stops.MAX_TOKENS)
     output = SampleOutput(tokens=out_tokens, logprobs=out_logprobs,
                           processed_logprobs=out_processed, lengths=lengths, finish_reason=reason)
     return SamplerState(cache=cache, rng=rng, rows=state.rows), output
 
 
+def _decode_per_layer(mesh: Mesh | None) -> bool:
+    """Whether the decode loop runs on per-layer caches and weights (models.split_cache_layers):
+    on a CPU, where it took a 7M model's decode from 2,400 to 2,910 tokens/s. Elsewhere the
+    layers stay scanned: the per-layer copy of the weights would double their memory, and the
+    unrolled layers' compile time grows with depth."""
+    platform = mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()
+    return platform == "cpu"
+
+
 def _constrain_cache(cache, mesh: Mesh | None):
-    """The cache's sharding, stacked or split into layers (models.split_layers)."""
+    """The cache's sharding, stacked or split into layers (models.split_cache_layers)."""
     axes = models.CACHE_LOGICAL_AXES
     if isinstance(cache.k, tuple):
         per_layer = axes.k[1:]

@@ -131,6 +131,30 @@ def test_kv_cache_chunks_equal_full_forward(checkpoint, attention):
         np.testing.assert_allclose(np.stack(outputs[row]), full, atol=1e-4, rtol=0)
 
 
+def test_per_layer_cache_equals_the_stacked_one(checkpoint):
+    """A sampler's decode loop on a CPU splits the cache and the layer weights into per-layer
+    pieces (layers unrolled); each step's logits and the restacked cache equal the scanned
+    layers' on the stacked cache."""
+    from flax import nnx
+
+    _, path, _ = checkpoint
+    graphdef, params = nnx.split(models.from_pretrained(path))
+    stacked = models.init_cache(models.from_pretrained(path).config, batch_size=2, max_len=12)
+    _, stacked = models.apply(graphdef, params, jnp.asarray([[3, 4, 5], [6, 7, 0]]),
+                              attention_mask=jnp.asarray([[1, 1, 1], [1, 1, 0]]), cache=stacked)
+    split, split_params = models.split_cache_layers(stacked), models.split_param_layers(params)
+    for token in ([[8], [9]], [[10], [0]], [[11], [12]]):
+        mask = jnp.asarray(token) > 0
+        ours, split = models.apply(graphdef, split_params, jnp.asarray(token), attention_mask=mask,
+                                   cache=split)
+        reference, stacked = models.apply(graphdef, params, jnp.asarray(token), attention_mask=mask,
+                                          cache=stacked)
+        np.testing.assert_allclose(np.asarray(ours), np.asarray(reference), atol=1e-5, rtol=0)
+    restacked = models.stack_cache_layers(split)
+    for ours, reference in zip(jax.tree.leaves(restacked), jax.tree.leaves(stacked)):
+        np.testing.assert_allclose(np.asarray(ours), np.asarray(reference), atol=1e-5, rtol=0)
+
+
 @pytest.fixture(scope="module")
 def qwen3_checkpoint(tmp_path_factory):
     path = tmp_path_factory.mktemp("qwen3_single")
