@@ -156,9 +156,10 @@ def generate(graphdef: nnx.GraphDef, params: nnx.State, state: SamplerState, tok
 
 def _decode_per_layer(mesh: Mesh | None) -> bool:
     """Whether the decode loop runs on per-layer caches and weights (models.split_cache_layers):
-    on a CPU, where it took a 7M model's decode from 2,400 to 2,910 tokens/s. Elsewhere the
-    layers stay scanned: the per-layer copy of the weights would double their memory, and the
-    unrolled layers' compile time grows with depth."""
+    on a CPU, whose XLA backend otherwise copies each layer's keys, values and weights out of
+    their stacked arrays on every decoded token. Elsewhere the layers stay scanned: the per-layer
+    copy of the weights would double their memory, and the unrolled layers' compile time grows
+    with depth."""
     platform = mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()
     return platform == "cpu"
 
