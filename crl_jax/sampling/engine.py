@@ -118,7 +118,8 @@ def generate(graphdef: nnx.GraphDef, params: nnx.State, state: SamplerState, tok
         0, logits, done, reason, window, out_tokens, out_logprobs, out_processed)
     lengths = active.astype(jnp.int32)
     per_layer = _decode_per_layer(mesh)
-    decode_params = models.split_param_layers(params) if per_layer else params
+    decode_params, cache = ((models.split_param_layers(params), models.split_cache_layers(cache))
+                            if per_layer else (params, cache))
 
     def cond(carry):
         step, _, done = carry[:3]
@@ -134,20 +135,17 @@ def generate(graphdef: nnx.GraphDef, params: nnx.State, state: SamplerState, tok
         logits, cache = models.apply(graphdef, decode_params, feed, attention_mask=~done[:, None],
                                      cache=cache)
         cache = _constrain_cache(cache, mesh)
-        running = ~done
+        lengths = lengths + (~done).astype(jnp.int32)  # rows still running before this token
         token, done, reason, window, out_tokens, out_logprobs, out_processed = record(
             step, logits[:, 0], done, reason, window, out_tokens, out_logprobs, out_processed)
-        lengths = lengths + running.astype(jnp.int32)
         return (step + 1, token, done, reason, window, lengths, cache, out_tokens, out_logprobs,
                 out_processed)
 
-    carry = (jnp.int32(1), token, done, reason, window, lengths,
-             models.split_cache_layers(cache) if per_layer else cache, out_tokens, out_logprobs,
+    carry = (jnp.int32(1), token, done, reason, window, lengths, cache, out_tokens, out_logprobs,
              out_processed)
     carry = jax.lax.while_loop(cond, body, carry)
     _, _, done, reason, _, lengths, cache, out_tokens, out_logprobs, out_processed = carry
-    if per_layer:
-        cache = _constrain_cache(models.stack_cache_layers(cache), mesh)
+    cache = _constrain_cache(models.stack_cache_layers(cache), mesh) if per_layer else cache
     reason = jnp.where(done, reason, stops.MAX_TOKENS)
     output = SampleOutput(tokens=out_tokens, logprobs=out_logprobs,
                           processed_logprobs=out_processed, lengths=lengths, finish_reason=reason)
