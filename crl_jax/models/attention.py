@@ -42,19 +42,23 @@ BLOCKWISE_FROM = 4096 * 4096
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Array,
               q_slots: jax.Array | None = None, *, implementation: str = "auto",
-              block: int = 512, context_parallel: bool = False) -> jax.Array:
-    """Causal grouped-query attention [B,T,N,H]; see the module docstring."""
+              block: int = 512, context_parallel: bool = False,
+              keys_transposed: bool = False) -> jax.Array:
+    """Causal grouped-query attention [B,T,N,H]; see the module docstring. keys_transposed: k is
+    [B,K,H,S] (a per-layer decode cache, `decoder.split_cache_layers`)."""
     b, t, n, h = q.shape
-    s = k.shape[2]
+    s = k.shape[3 if keys_transposed else 2]
     impl = resolve(implementation, t, s, whole_sequence=q_slots is None)
     if q_slots is not None and impl in ("splash", "cudnn"):
         # Whole-sequence kernels: queries against a KV cache (the sampler) take the portable path.
         impl = resolve("auto", t, s, whole_sequence=False)
-    if impl == "materialized":
-        if q_slots is None:
-            return causal_attention(q, k, v, key_valid)
+    if impl == "materialized" and q_slots is not None:
         visible = key_valid[:, None, :] & (jnp.arange(s)[None, None, :] <= q_slots[:, :, None])
-        return grouped_attention(q, k, v, visible)
+        return grouped_attention(q, k, v, visible, keys_transposed=keys_transposed)
+    if keys_transposed:  # the other implementations read [B,K,S,H] keys
+        k = jnp.swapaxes(k, 2, 3)
+    if impl == "materialized":
+        return causal_attention(q, k, v, key_valid)
     if impl == "splash":
         from crl_jax.models import splash
         return splash.splash_attention(q, k, v, key_valid, block=block,

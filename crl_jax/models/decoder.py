@@ -29,7 +29,7 @@ class KVCache:
     """Preallocated keys/values of every layer. Slots are written left to right per row.
 
     k, v: [L,B,K,S,H] (kv heads before slots, so attention reads the cache without a transpose),
-    or in the per-layer form of `split_cache_layers`, tuples of L arrays [B,K,S,H];
+    or in the per-layer form of `split_cache_layers`, tuples of L arrays: k [B,K,H,S], v [B,K,S,H];
     valid: [B,S] whether a slot holds a real token; end: [B] next free slot.
     """
 
@@ -52,16 +52,22 @@ def init_cache(cfg: DecoderConfig, batch_size: int, max_len: int, dtype=None) ->
 
 
 def split_cache_layers(cache: KVCache) -> KVCache:
-    """The cache with k and v as tuples of per-layer [B,K,S,H] arrays, for a decode loop to
-    carry; the model then runs its layers unrolled. Each layer's attention reads its own buffer,
-    where XLA's CPU backend copies a layer's slice of the stacked [L,...] array out before every
-    product that reads it: for a decode step, the whole cache twice, on every token."""
-    return cache.replace(k=tuple(cache.k), v=tuple(cache.v))
+    """The cache with k and v as tuples of per-layer arrays, for a decode loop to carry; the
+    model then runs its layers unrolled. Each layer's attention reads its own buffer, where XLA's
+    CPU backend copies a layer's slice of the stacked [L,...] array out before every product that
+    reads it: for a decode step, the whole cache twice, on every token.
+
+    The keys are stored transposed, [B,K,H,S], so that a query's scores are a plain product
+    [G,H] x [H,S]; against [B,K,S,H] keys the CPU's dot library repacks every layer's keys on
+    every token. The transpose rides on the copy out of the stacked array. Values stay
+    [B,K,S,H]."""
+    return cache.replace(k=tuple(jnp.swapaxes(k, -1, -2) for k in cache.k), v=tuple(cache.v))
 
 
 def stack_cache_layers(cache: KVCache) -> KVCache:
     """The inverse of `split_cache_layers`."""
-    return cache.replace(k=jnp.stack(cache.k), v=jnp.stack(cache.v))
+    return cache.replace(k=jnp.stack([jnp.swapaxes(k, -1, -2) for k in cache.k]),
+                         v=jnp.stack(cache.v))
 
 
 def split_param_layers(params: nnx.State) -> nnx.State:
@@ -313,10 +319,12 @@ def _run_layers(cfg, stacked: DecoderLayers, x, positions, key_valid, cache, wri
         for i in range(cfg.num_layers):
             w = math.cast({name: value[i] for name, value in weights.items()})
             q, k, v = math.project(x, w)
-            ks[i] = ks[i].at[rows, :, write_slots].set(k.astype(ks[i].dtype), mode="drop")
+            # Keys [B,K,H,S]: (rows, write_slots) still index [B,T] and the update is [B,T,K,H].
+            ks[i] = ks[i].at[rows, :, :, write_slots].set(k.astype(ks[i].dtype), mode="drop")
             vs[i] = vs[i].at[rows, :, write_slots].set(v.astype(vs[i].dtype), mode="drop")
             attn = attention.attention(q, ks[i].astype(dtype), vs[i].astype(dtype), key_valid, write_slots,
-                                       implementation=cfg.attention, block=cfg.attention_block)
+                                       implementation=cfg.attention, block=cfg.attention_block,
+                                       keys_transposed=True)
             x = math.finish(x, w, attn)
         return x, (tuple(ks), tuple(vs))
     (x, k_all, v_all, _), _ = jax.lax.scan(block_cached, (x, cache.k, cache.v, 0), weights)

@@ -108,8 +108,10 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.A
     return (x32 * cos + rotated * sin).astype(x.dtype)
 
 
-def grouped_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
-    """Grouped-query attention. q [B,T,N,H], k/v [B,K,S,H], mask [B,T,S] bool -> [B,T,N,H].
+def grouped_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
+                      keys_transposed: bool = False) -> jax.Array:
+    """Grouped-query attention. q [B,T,N,H], k/v [B,K,S,H] (k [B,K,H,S] if keys_transposed),
+    mask [B,T,S] bool -> [B,T,N,H].
 
     Keys and values are kv-head-major, the KV cache's layout, so (b, k) are plain batch
     dimensions of both products and the cache is never transposed. The queries are moved to the
@@ -119,7 +121,8 @@ def grouped_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array)
     b, t, n, h = q.shape
     kv_heads = k.shape[1]
     q = q.reshape(b, t, kv_heads, n // kv_heads, h).transpose(0, 2, 3, 1, 4)
-    scores = jnp.einsum("bkgth,bksh->bkgts", q, k, preferred_element_type=jnp.float32)
+    scores = jnp.einsum("bkgth,bkhs->bkgts" if keys_transposed else "bkgth,bksh->bkgts", q, k,
+                        preferred_element_type=jnp.float32)
     scores = scores * (1.0 / math.sqrt(h))
     scores = jnp.where(mask[:, None, None, :, :], scores, MASK_VALUE)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)

@@ -167,7 +167,8 @@ def _constrain_cache(cache, mesh: Mesh | None):
     axes = models.CACHE_LOGICAL_AXES
     if isinstance(cache.k, tuple):
         per_layer = axes.k[1:]
-        return cache.replace(k=tuple(sharding.constrain(x, mesh, per_layer) for x in cache.k),
+        keys = per_layer[:2] + per_layer[:1:-1]  # split keys are [B,K,H,S]
+        return cache.replace(k=tuple(sharding.constrain(x, mesh, keys) for x in cache.k),
                              v=tuple(sharding.constrain(x, mesh, per_layer) for x in cache.v),
                              valid=sharding.constrain(cache.valid, mesh, axes.valid),
                              end=sharding.constrain(cache.end, mesh, axes.end))

@@ -78,10 +78,12 @@ def test_splash_in_interpret_mode_equals_the_reference(padding):
     assert_matches_reference(fn, q, k, v, valid, seen, weights)
 
 
+@pytest.mark.parametrize("keys_transposed", [False, True], ids=["keys_BKSH", "keys_BKHS"])
 @pytest.mark.parametrize("implementation", ["materialized", "blockwise", "splash", "cudnn"])
-def test_queries_against_a_cache_equal_the_reference(implementation):
+def test_queries_against_a_cache_equal_the_reference(implementation, keys_transposed):
     """A prefill chunk against a KV cache: queries at slots past the cache's end, empty slots.
-    Splash and cuDNN take whole sequences only, so a model set to them falls back here."""
+    Splash and cuDNN take whole sequences only, so a model set to them falls back here. Keys
+    also as a per-layer decode cache stores them, [B,K,H,S]."""
     rng = np.random.default_rng(2)
     b, t, s, n, kh, h = 2, 5, 40, 4, 2, 8
     q = jnp.asarray(rng.normal(size=(b, t, n, h)), jnp.float32)
@@ -91,7 +93,8 @@ def test_queries_against_a_cache_equal_the_reference(implementation):
     valid = jnp.asarray(valid)
     slots = jnp.asarray([[15, 16, 17, 18, 19], [20, 21, 22, 23, 24]])
     fn = lambda q, k, v: attention_lib.attention(  # noqa: E731
-        q, k, v, valid, slots, implementation=implementation, block=8)
+        q, jnp.swapaxes(k, 2, 3) if keys_transposed else k, v, valid, slots,
+        implementation=implementation, block=8, keys_transposed=keys_transposed)
     weights = jnp.asarray(rng.normal(size=(b, t, n, h)), jnp.float32)
     assert_matches_reference(fn, q, k, v, valid, jnp.ones((b, t, 1, 1), bool), weights, q_slots=slots)
 
