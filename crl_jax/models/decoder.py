@@ -82,6 +82,9 @@ def split_param_layers(params: nnx.State) -> nnx.State:
 CACHE_LOGICAL_AXES = KVCache(k=("layers", "batch", "kv_heads", "cache_seq", "head_dim"),
                              v=("layers", "batch", "kv_heads", "cache_seq", "head_dim"),
                              valid=("batch", "cache_seq"), end=("batch",))
+# One layer's buffers in the form of `split_cache_layers` (keys transposed).
+SPLIT_CACHE_LOGICAL_AXES = CACHE_LOGICAL_AXES.replace(k=("batch", "kv_heads", "head_dim", "cache_seq"),
+                                                      v=CACHE_LOGICAL_AXES.v[1:])
 
 
 def _layer_param_shapes(cfg: DecoderConfig) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
@@ -261,7 +264,7 @@ class _LayerMath:
         if self.cached or not size or h.shape[1] <= size:
             return self._swiglu(h, w)
         b, t, d = h.shape
-        padded = _round_up(t, size)
+        padded = layers.round_up(t, size)
         chunks = jnp.pad(h, ((0, 0), (0, padded - t), (0, 0))).reshape(b, padded // size, size, d)
         weights = {name: w[name] for name in ("w_gate", "w_up", "w_down")}
         out = jax.lax.map(jax.checkpoint(lambda part: self._swiglu(part, weights)),
@@ -271,10 +274,6 @@ class _LayerMath:
     def _swiglu(self, h, w):
         gate, up = self.gate_and_up(h, w)
         return layers.dense("btf,fd->btd", layers.silu(gate) * up, w["w_down"], self.chunk)
-
-
-def _round_up(x: int, multiple: int) -> int:
-    return -(-x // multiple) * multiple
 
 
 def _run_layers(cfg, stacked: DecoderLayers, x, positions, key_valid, cache, write_slots):

@@ -18,6 +18,11 @@ from crl_jax.models.config import RopeScaling
 MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 
 
+def round_up(x: int, multiple: int) -> int:
+    """The smallest multiple of `multiple` that is >= x (a padded length)."""
+    return -(-x // multiple) * multiple
+
+
 def param(value: jax.Array, logical_axes: tuple[str | None, ...]) -> nnx.Param:
     """An nnx.Param carrying its logical-axis names (see crl_jax/sharding.py) as metadata."""
     if len(logical_axes) != value.ndim:

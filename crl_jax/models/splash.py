@@ -22,6 +22,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from crl_jax import sharding
+from crl_jax.models.layers import round_up
 
 
 def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Array, *,
@@ -33,8 +34,8 @@ def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Ar
     mesh = jax.sharding.get_abstract_mesh()
     context = sharding.LOGICAL_RULES["context"]
     shards = mesh.shape[context] if context_parallel and not mesh.empty else 1
-    block = min(block, _round_up(-(-t // shards), 128))
-    tp = _round_up(t, block * shards)
+    block = min(block, round_up(-(-t // shards), 128))
+    tp = round_up(t, block * shards)
     pad = ((0, 0), (0, 0), (0, tp - t), (0, 0))
     qh = jnp.pad((q * (1.0 / math.sqrt(h))).astype(q.dtype).transpose(0, 2, 1, 3), pad)  # [B,N,T,H]
     kh, vh = jnp.pad(k, pad), jnp.pad(v, pad)
@@ -51,10 +52,6 @@ def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Ar
                             in_specs=(spec4, spec4, spec4, spec2), out_specs=spec4,
                             check_vma=False)(qh, kh, vh, segments)
     return out[:, :, :t].transpose(0, 2, 1, 3)
-
-
-def _round_up(x: int, multiple: int) -> int:
-    return -(-x // multiple) * multiple
 
 
 def _context_parallel(q, k, v, segments, mesh, block, shards):

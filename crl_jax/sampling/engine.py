@@ -164,16 +164,13 @@ def _decode_per_layer(mesh: Mesh | None) -> bool:
 
 def _constrain_cache(cache, mesh: Mesh | None):
     """The cache's sharding, stacked or split into layers (models.split_cache_layers)."""
-    axes = models.CACHE_LOGICAL_AXES
-    if isinstance(cache.k, tuple):
-        per_layer = axes.k[1:]
-        keys = per_layer[:2] + per_layer[:1:-1]  # split keys are [B,K,H,S]
-        return cache.replace(k=tuple(sharding.constrain(x, mesh, keys) for x in cache.k),
-                             v=tuple(sharding.constrain(x, mesh, per_layer) for x in cache.v),
-                             valid=sharding.constrain(cache.valid, mesh, axes.valid),
-                             end=sharding.constrain(cache.end, mesh, axes.end))
-    return jax.tree.map(lambda x, a: sharding.constrain(x, mesh, a), cache, axes,
-                        is_leaf=lambda a: isinstance(a, tuple))
+    if isinstance(cache.k, tuple):  # each layer's buffer takes one layer's axes
+        axes = models.SPLIT_CACHE_LOGICAL_AXES
+        axes = axes.replace(k=(axes.k,) * len(cache.k), v=(axes.v,) * len(cache.v))
+    else:
+        axes = models.CACHE_LOGICAL_AXES
+    # The cache's leaves are arrays, so each one meets its whole tuple of axis names.
+    return jax.tree.map(lambda x, a: sharding.constrain(x, mesh, a), cache, axes)
 
 
 def _prefill(graphdef, params, tokens, mask, cache, mesh: Mesh | None):
