@@ -3,10 +3,13 @@
 Small models fall into loops; a parser that backtracks quadratically on them stalls the trainer
 (a lazy-group regex took 0.27 s on 32 KB of `</title><content>b`). Each input family is parsed at
 8, 16, 32 and 64 KB (the input cap): the slowest must stay under 50 ms, and going from 8 to 64 KB
-may cost at most 16x (linear growth is 8x, quadratic 64x). Times are the best of several tries,
-so that load on a shared machine does not decide the outcome.
+may cost at most 16x (linear growth is 8x, quadratic 64x). Each time is the best of several
+rounds, and every round times all four sizes in turn, so that a stretch of load from a parallel
+test worker slows all sizes alike instead of only the later ones; the garbage collector is paused
+while timing, since a collection walks the whole test process's heap whatever the input's size.
 """
 
+import gc
 import time
 
 import pytest
@@ -36,17 +39,25 @@ OPERATION_LOOPS = {
 }
 
 
-def best_time(fn, text: str, tries: int = 5) -> float:
-    best = float("inf")
-    for _ in range(tries):
-        start = time.perf_counter()
-        fn(text)
-        best = min(best, time.perf_counter() - start)
+def best_times(fn, texts: list[str], rounds: int = 7) -> list[float]:
+    """Best time of `fn` on each text over `rounds` rounds, each round timing every text once."""
+    best = [float("inf")] * len(texts)
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(rounds):
+            for i, text in enumerate(texts):
+                start = time.perf_counter()
+                fn(text)
+                best[i] = min(best[i], time.perf_counter() - start)
+    finally:
+        if collecting:
+            gc.enable()
     return best
 
 
 def assert_linear(fn, parts):
-    times = [best_time(fn, repeat_to(*parts, kb)) for kb in SIZES_KB]
+    times = best_times(fn, [repeat_to(*parts, kb) for kb in SIZES_KB])
     assert max(times) < 0.05, times
     # A floor of 0.1 ms keeps the ratio meaningful when the small input is parsed in microseconds.
     assert times[-1] / max(times[0], 1e-4) <= 16, times
