@@ -4,16 +4,17 @@ For each bank size (20,000 x 384 as with MiniLM keys, 100,000 x 1024 as with Qwe
 128 queries retrieve the top 16 candidates by inner product, which are then re-ranked to the top 1
 (Eq. 6 score plus the recency demotion). crl_jax runs the whole thing as one jitted call on the
 bank pytree; the FAISS side is IndexFlatIP (exact) followed by the same re-rank in numpy. Both run
-in this process on the same CPU; the FAISS search alone is reported too. Prints one JSON line;
-latencies are medians (with the best run beside them).
+in this process on the same CPU, their repetitions alternated so that background load hits both
+alike; the FAISS search alone is reported too. Prints one JSON line; latencies are medians (with
+the best run beside them). Beside each latency: the similarity product's FLOPs (2 x queries x
+slots x dims) over it, as a fraction of a float32 matmul peak measured in the same run, the
+physical limit both sides share.
 
     python benchmarks/retrieval.py [--repeats 10] [--sizes 20000x384,100000x1024]
-
-XLA:CPU's own matmul is the bottleneck at 100,000 x 1024; XLA_FLAGS=--xla_cpu_use_xnnpack=true
-(set before running) routes it through XNNPACK, which was ~30% faster in our measurements.
 """
 
 import os
+import sys
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
@@ -24,6 +25,9 @@ import time  # noqa: E402
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from train_step import matmul_peak_flops  # noqa: E402
 
 from crl_jax.memory import bank as bk  # noqa: E402
 from crl_jax.memory.search import SearchConfig, search  # noqa: E402
@@ -55,18 +59,28 @@ def numpy_rerank(idx, count, last, step, draws):
     return idx[np.arange(len(idx)), best]
 
 
-def timed(fn, repeats):
-    """(median, best) seconds over `repeats` runs after a warm-up (which also compiles)."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
+def timed_alternately(fns: dict, repeats: int) -> dict:
+    """{name: (median, best) seconds}: after one warm-up call each (which also compiles), every
+    repetition runs each function once in turn."""
+    for fn in fns.values():
         fn()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times)), float(np.min(times))
+    times = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: (float(np.median(t)), float(np.min(t))) for name, t in times.items()}
 
 
-def run(n, dim, repeats, rng):
+def with_threads(faiss, threads, fn):
+    def call():
+        faiss.omp_set_num_threads(threads)
+        return fn()
+    return call
+
+
+def run(n, dim, repeats, rng, peak):
     import faiss
     b = make_bank(n, dim, rng)
     queries = rng.standard_normal((NUM_QUERIES, dim), dtype=np.float32)
@@ -75,34 +89,41 @@ def run(n, dim, repeats, rng):
     key, step = jax.random.key(0), 5
     find = jax.jit(functools.partial(search, cfg=CFG))
     q_dev = jax.device_put(queries)
-    jax_s = timed(lambda: find(b, q_dev, task_ids, key, step).entry_ids.block_until_ready(), repeats)
 
     index = faiss.IndexFlatIP(dim)
     index.add(np.asarray(b.keys[0]))
     count, last = np.asarray(b.retrieval_count[0]), np.asarray(b.last_retrieved_step[0])
     draws = np.asarray(jax.random.uniform(key, (NUM_QUERIES,)) < CFG.demote_prob)
     faiss_rerank = lambda: numpy_rerank(index.search(queries, TOP_K)[1], count, last, step, draws)
-    # FAISS is timed with its default OpenMP threads and with one thread, and the faster of the
-    # two is the reference: on a busy machine OpenMP's spinning threads can lose badly.
-    faiss_times = {}
+    # FAISS runs with its default OpenMP threads and with one, and the faster of the two is the
+    # reference: on a busy machine OpenMP's spinning threads can lose badly.
     default_threads = faiss.omp_get_max_threads()
+    fns = {"crl_jax": lambda: find(b, q_dev, task_ids, key, step).entry_ids.block_until_ready()}
     for threads in sorted({default_threads, 1}):
-        faiss.omp_set_num_threads(threads)
-        faiss_times[threads] = (timed(lambda: index.search(queries, TOP_K), repeats), timed(faiss_rerank, repeats))
+        fns[f"faiss_{threads}"] = with_threads(faiss, threads, faiss_rerank)
+        fns[f"faiss_search_{threads}"] = with_threads(
+            faiss, threads, lambda: index.search(queries, TOP_K))
+    times = timed_alternately(fns, repeats)
     faiss.omp_set_num_threads(default_threads)
-    best_threads = min(faiss_times, key=lambda t: faiss_times[t][1][0])
-    (search_med, search_min), (faiss_med, faiss_min) = faiss_times[best_threads]
+    best_threads = min(sorted({default_threads, 1}), key=lambda t: times[f"faiss_{t}"][0])
+    jax_s, faiss_s = times["crl_jax"], times[f"faiss_{best_threads}"]
 
     # Same answers: both sides pick the same entry for every query.
     ours = np.asarray(find(b, q_dev, task_ids, key, step).entry_ids[:, 0])
     same = float(np.mean(ours == faiss_rerank()))
     ms = lambda s: round(s * 1e3, 2)
+    product_flops = 2.0 * NUM_QUERIES * n * dim
     return {"bank": f"{n}x{dim}", "queries": NUM_QUERIES, "top_k": TOP_K,
-            "crl_jax_ms": ms(jax_s[0]), "faiss_rerank_ms": ms(faiss_med),
-            "ratio_crl_jax_over_faiss": round(jax_s[0] / faiss_med, 3),
-            "crl_jax_best_ms": ms(jax_s[1]), "faiss_rerank_best_ms": ms(faiss_min),
-            "faiss_search_only_ms": ms(search_med), "faiss_threads": best_threads,
-            "faiss_rerank_ms_by_threads": {t: ms(v[1][0]) for t, v in faiss_times.items()},
+            "crl_jax_ms": ms(jax_s[0]), "faiss_rerank_ms": ms(faiss_s[0]),
+            "ratio_crl_jax_over_faiss": round(jax_s[0] / faiss_s[0], 3),
+            "crl_jax_best_ms": ms(jax_s[1]), "faiss_rerank_best_ms": ms(faiss_s[1]),
+            "faiss_search_only_ms": ms(times[f"faiss_search_{best_threads}"][0]),
+            "faiss_threads": best_threads, "repeats": repeats,
+            "faiss_rerank_ms_by_threads": {t: ms(times[f"faiss_{t}"][0])
+                                           for t in sorted({default_threads, 1})},
+            "matmul_peak_gflops": round(peak / 1e9, 1),
+            "crl_jax_fraction_of_matmul_peak": round(product_flops / jax_s[0] / peak, 3),
+            "faiss_fraction_of_matmul_peak": round(product_flops / faiss_s[0] / peak, 3),
             "same_top1": same}
 
 
@@ -113,7 +134,8 @@ def main():
     args = parser.parse_args()
     import faiss  # noqa: F401  (fail here, before any bank is built, when the reference is missing)
     rng = np.random.default_rng(0)
-    results = [run(*map(int, s.split("x")), args.repeats, rng) for s in args.sizes.split(",")]
+    peak = matmul_peak_flops()
+    results = [run(*map(int, s.split("x")), args.repeats, rng, peak) for s in args.sizes.split(",")]
     print(json.dumps({"benchmark": "retrieval", "device": jax.devices()[0].platform,
                       "cpus": os.cpu_count(), "xla_flags": os.environ.get("XLA_FLAGS", ""),
                       "results": results}))

@@ -74,11 +74,39 @@ def _local_candidates(keys, valid, entry_id, count, last, slot_index, queries, t
         sims = jnp.take_along_axis(sims, task_ids[:, None, None], axis=1)
     sims = sims[:, 0]                                                        # [B, m]
     sims = jnp.where(valid[task_ids], sims, -jnp.inf)
-    sim, idx = jax.lax.top_k(sims, min(c, sims.shape[1]))                   # [B, c]
+    sim, idx = top_k_by_blocks(sims, min(c, sims.shape[1]))                 # [B, c]
     rows = task_ids[:, None]
     live = sim > -jnp.inf
     return (sim, jnp.where(live, entry_id[rows, idx], NEVER), count[rows, idx], last[rows, idx],
             slot_index[idx])
+
+
+TOP_K_BLOCK = 128
+
+
+def top_k_by_blocks(x, k: int, block: int = TOP_K_BLOCK):
+    """`jax.lax.top_k(x, k)` along the last axis, same values and indices (ties: lower index), in
+    two cheap passes when the axis is long: the best `k` blocks by their maxima hold the best `k`
+    entries (an entry outside them is beaten by k block maxima), so one max-reduction over `x` and
+    a top-k over `k * block` gathered entries replace XLA:CPU's top-k over the whole axis, which
+    sorts far more than it keeps."""
+    *lead, m = x.shape
+    if m < 8 * k * block:
+        return jax.lax.top_k(x, k)
+    num_blocks = -(-m // block)
+    # A strided window rather than a reshape: XLA:CPU slows the reduction several times over
+    # when it follows a pad or a slice that makes the axis a multiple of `block`.
+    block_max = jax.lax.reduce_window(
+        x, -jnp.inf, jax.lax.max, (1,) * len(lead) + (block,), (1,) * len(lead) + (block,),
+        [(0, 0)] * len(lead) + [(0, num_blocks * block - m)])
+    _, best_blocks = jax.lax.top_k(block_max, k)
+    # Blocks in slot order, so that the final top-k's lower-position tie-break is lower slot.
+    best_blocks = jnp.sort(best_blocks, axis=-1)
+    index = (best_blocks[..., None] * block + jnp.arange(block)).reshape(*lead, k * block)
+    gathered = jnp.where(index < m, jnp.take_along_axis(x, jnp.minimum(index, m - 1), axis=-1),
+                         -jnp.inf)
+    values, pos = jax.lax.top_k(gathered, k)
+    return values, jnp.take_along_axis(index, pos, axis=-1)
 
 
 def _merge(cands, c):

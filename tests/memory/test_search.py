@@ -7,7 +7,7 @@ import pytest
 
 from crl_jax import sharding
 from crl_jax.memory import bank as bk
-from crl_jax.memory.search import SearchConfig, search
+from crl_jax.memory.search import TOP_K_BLOCK, SearchConfig, search, top_k_by_blocks
 
 
 def random_bank(rng, num_tasks, capacity, dim, fill):
@@ -65,6 +65,39 @@ def test_search_matches_numpy_reference(k, demote, fill):
         plain = reference(jax.device_get(b), queries, task_ids, step, np.zeros(24, bool),
                           SearchConfig(k=k, candidate_multiplier=1, count_penalty=0, recency_penalty=0))
         assert (plain != want).any()
+
+
+@pytest.mark.parametrize("values", ["normal", "few_distinct", "mostly_empty"])
+@pytest.mark.parametrize("m,k,block", [(96, 3, 4), (1001, 5, 8), (5000, 16, 16)])
+def test_top_k_by_blocks_equals_top_k(values, m, k, block):
+    rng = np.random.default_rng(m + k)
+    x = rng.normal(size=(6, m)).astype(np.float32)
+    if values == "few_distinct":      # ties everywhere: the lower index must win, as in top_k
+        x = rng.integers(0, 4, (6, m)).astype(np.float32)
+    if values == "mostly_empty":      # fewer live entries than k in some rows
+        x[rng.random((6, m)) < 0.995] = -np.inf
+    want = jax.lax.top_k(x, k)
+    got = jax.jit(top_k_by_blocks, static_argnums=(1, 2))(x, k, block)
+    np.testing.assert_array_equal(np.asarray(got[0]), np.asarray(want[0]))
+    np.testing.assert_array_equal(np.asarray(got[1]), np.asarray(want[1]))
+
+
+@pytest.mark.parametrize("distinct_keys", [None, 30])
+def test_long_partitions_match_numpy_reference(distinct_keys):
+    """Partitions long enough for the two-pass top-k, with and without repeated keys (ties)."""
+    rng = np.random.default_rng(4)
+    capacity, cfg = 6000, SearchConfig(k=1, candidate_multiplier=4, recency_window=3)
+    assert capacity >= 8 * cfg.num_candidates * TOP_K_BLOCK
+    b = random_bank(rng, 2, capacity, 8, 0.8)
+    if distinct_keys:
+        b = b.replace(keys=b.keys[:, rng.integers(0, distinct_keys, capacity)])
+    queries = rng.normal(size=(16, 8)).astype(np.float32)
+    task_ids = rng.integers(0, 2, 16).astype(np.int32)
+    key, step = jax.random.key(1), 9
+    got = jax.jit(functools.partial(search, cfg=cfg))(b, queries, task_ids, key, step)
+    draws = np.asarray(jax.random.uniform(key, (16,)) < cfg.demote_prob)
+    want = reference(jax.device_get(b), queries, task_ids, step, draws, cfg)
+    np.testing.assert_array_equal(np.asarray(got.entry_ids), want)
 
 
 def test_similarity_and_empty_partition():
