@@ -51,15 +51,41 @@ def shard_params(params: nnx.State, mesh: Mesh) -> nnx.State:
         params, axes, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
+# A conversation's cache on a CPU starts at this many slots and doubles as its longest row needs
+# (up to spec.cache_length): every decoded token reads every slot, and on a CPU that read is most
+# of a small model's decode step. On accelerators the cache is whole from the start, since each
+# capacity is one more compile of a large program there.
+CPU_GROW_FROM = 256
+
+
 class Sampler:
-    """Static half of generation: one compiled program per (graphdef, spec, mesh, chunk bucket)."""
+    """Static half of generation: one compiled program per (graphdef, spec, mesh, chunk bucket,
+    cache capacity).
+
+    grow_from: the first capacity of a conversation's cache, in slots; it doubles when a row needs
+    more (`capacity_for`). None: the whole spec.cache_length from the start. "auto":
+    `CPU_GROW_FROM` on a CPU, None elsewhere. Results do not depend on it."""
 
     def __init__(self, graphdef: nnx.GraphDef, cfg: models.DecoderConfig, spec: SamplerSpec, *,
-                 mesh: Mesh | None = None, cache_dtype=None, min_chunk: int = 8):
+                 mesh: Mesh | None = None, cache_dtype=None, min_chunk: int = 8,
+                 grow_from: int | str | None = "auto"):
         self.graphdef, self.cfg, self.spec, self.mesh = graphdef, cfg, spec, mesh
         self.cache_dtype = cache_dtype
         self.min_chunk = min_chunk
+        if grow_from == "auto":
+            platform = mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()
+            grow_from = CPU_GROW_FROM if platform == "cpu" else None
+        if grow_from is not None and (not isinstance(grow_from, int) or grow_from < 1):
+            raise ValueError(f"grow_from must be a positive slot count, None or 'auto'; got {grow_from!r}")
+        self.grow_from = grow_from
         self._generate = engine.jitted_generate(graphdef, spec, mesh)
+
+    def capacity_for(self, slots: int) -> int:
+        """The cache capacity for rows needing up to `slots` slots: a power of two from
+        `grow_from` on, at most spec.cache_length (the whole of it without growth)."""
+        if self.grow_from is None:
+            return self.spec.cache_length
+        return min(self.spec.cache_length, pow2_bucket(slots, least=self.grow_from))
 
     def chunk_length(self, longest: int) -> int:
         """Chunks are padded to a power of two (>= min_chunk, <= cache length) so that the number
@@ -88,7 +114,8 @@ class Conversations:
         self.sampler = sampler
         self.batch_size = batch_size
         self.state = engine.init_state(sampler.cfg, batch_size, sampler.spec, seed,
-                                       sampler.cache_dtype, sampler.mesh, first_row)
+                                       sampler.cache_dtype, sampler.mesh, first_row,
+                                       capacity=sampler.capacity_for(0))
         self._history: list[list[int]] = [[] for _ in range(batch_size)]
         self._segments: list[list[int]] = [[] for _ in range(batch_size)]  # start index per segment
         self._cached = [0] * batch_size  # history tokens already written to the cache
@@ -131,6 +158,13 @@ class Conversations:
         self._cached[row] = 0
         return True
 
+    def _reserve(self, slots: int) -> None:
+        """Widen the cache if a row of this call may need up to `slots` slots (`_fit` has kept
+        every row within spec.cache_length)."""
+        capacity = self.sampler.capacity_for(slots)
+        if capacity > self.state.cache.max_len:
+            self.state = engine.grow_state(self.state, capacity, self.sampler.mesh)
+
     def _admit(self, new_tokens, active: list[bool]) -> tuple[list[list[int]], list[bool]]:
         """Check each row's new tokens and make room for them in its cache: (new tokens per row,
         whether each row's cache was reset to be re-prefilled from its kept history)."""
@@ -164,6 +198,8 @@ class Conversations:
         if len(active) != batch:
             raise ValueError(f"active has {len(active)} entries, the batch has {batch}")
         news, reset = self._admit(new_tokens, active)
+        self._reserve(max((len(self._history[b]) + len(news[b]) + sampler.spec.max_new_tokens - 1
+                           for b in range(batch) if active[b]), default=0))
         chunks = [self._history[b][self._cached[b]:] + news[b] if active[b] else [] for b in range(batch)]
         width = sampler.chunk_length(max(len(c) for c in chunks))
         tokens = np.zeros((batch, width), np.int32)

@@ -60,18 +60,42 @@ class SampleOutput:
 
 
 def init_state(cfg: models.DecoderConfig, batch_size: int, spec: SamplerSpec, seed: int | jax.Array = 0,
-               cache_dtype=None, mesh: Mesh | None = None, first_row: int = 0) -> SamplerState:
+               cache_dtype=None, mesh: Mesh | None = None, first_row: int = 0,
+               capacity: int | None = None) -> SamplerState:
     """An empty state; with a mesh, the cache is born sharded (batch over data, heads over tensor).
-    Rows are numbered first_row, first_row + 1, ... (their global indices)."""
+    Rows are numbered first_row, first_row + 1, ... (their global indices). The cache holds
+    `capacity` slots (default: spec.cache_length); `grow_state` widens it later."""
     rng = jax.random.key(seed) if isinstance(seed, int) else seed
+    slots = spec.cache_length if capacity is None else capacity
 
     def make():
-        return SamplerState(cache=models.init_cache(cfg, batch_size, spec.cache_length, cache_dtype),
+        return SamplerState(cache=models.init_cache(cfg, batch_size, slots, cache_dtype),
                             rng=rng, rows=jnp.arange(batch_size, dtype=jnp.int32) + first_row)
 
     if mesh is None:
         return make()
     return jax.jit(make, out_shardings=state_shardings(mesh, jax.eval_shape(make)))()
+
+
+def grow_state(state: SamplerState, capacity: int, mesh: Mesh | None = None) -> SamplerState:
+    """The state with its cache widened to `capacity` slots, the new ones empty at the end. A
+    decode step reads every slot of the cache, so a conversation's cache starts small and grows
+    with its longest row (`Sampler.capacity_for`); what is cached, and every result, stays the same
+    (masked slots weigh exactly 0)."""
+    if capacity < state.cache.max_len:
+        raise ValueError(f"a cache cannot shrink: {state.cache.max_len} slots -> {capacity}")
+    return _grow(capacity, mesh)(state)
+
+
+@functools.lru_cache(maxsize=None)
+def _grow(capacity: int, mesh: Mesh | None):
+    def grow(state):
+        cache = state.cache
+        widen = lambda x, axis: jnp.pad(
+            x, [(0, capacity - cache.max_len if a == axis else 0) for a in range(x.ndim)])
+        cache = cache.replace(k=widen(cache.k, 3), v=widen(cache.v, 3), valid=widen(cache.valid, 1))
+        return state.replace(cache=_constrain_cache(cache, mesh))
+    return jax.jit(grow)  # no donation: the widened buffers cannot reuse the old ones
 
 
 def state_shardings(mesh: Mesh, state: SamplerState) -> SamplerState:

@@ -8,6 +8,7 @@ torch = pytest.importorskip("torch")
 from flax import nnx  # noqa: E402
 
 from crl_jax import sampling  # noqa: E402
+from crl_jax.sampling import engine  # noqa: E402
 from crl_jax.sampling import stops  # noqa: E402
 from crl_jax.rollout import conversations  # noqa: E402
 from tests.sampling.conftest import random_prompts  # noqa: E402
@@ -96,3 +97,42 @@ def test_overflow_drop_oldest_keeps_the_prompt_and_reprefills(make_pair):
         fresh = sampler.generate(params, [history[:-len(response)]])
         assert list(fresh.tokens[0]) == response
     assert conv.cached_length(0) == len(conv.history(0)) - 1 <= 40
+
+
+def test_a_growing_cache_samples_what_a_whole_cache_does(make_pair):
+    """A cache that starts at 8 slots and doubles as the turns need samples the same tokens as
+    one of the spec's whole 40 slots from the start, with log-probs equal to float rounding (a
+    softmax over more masked slots may add them up in another order)."""
+    _, model = make_pair("qwen2")
+    graphdef, params = nnx.split(model)
+    spec = sampling.SamplerSpec(method="sample", temperature=1.0, top_k=0, top_p=1.0,
+                                max_new_tokens=6, cache_length=40)
+    runs = {}
+    for grow_from in (None, 8):
+        sampler = conversations.Sampler(graphdef, model.config, spec, grow_from=grow_from)
+        conv = sampler.new_conversations(2, seed=5)
+        rng, turns, capacities = np.random.default_rng(6), [], []
+        for lengths in ((6, 4), (4, 1), (4, 1)):
+            turns.append(conv.step(params, random_prompts(rng, lengths)))
+            capacities.append(conv.state.cache.max_len)
+        runs[grow_from] = turns, capacities
+    assert runs[None][1] == [40, 40, 40]
+    assert runs[8][1] == [16, 32, 32]  # row 0 needs 11, then 21, then 31 slots
+    for whole, grown in zip(runs[None][0], runs[8][0]):
+        for b in range(2):
+            np.testing.assert_array_equal(grown.tokens[b], whole.tokens[b])
+            np.testing.assert_allclose(grown.logprobs[b], whole.logprobs[b], rtol=0, atol=1e-5)
+
+
+def test_cache_growth_settings_are_checked(make_pair):
+    _, model = make_pair("qwen2")
+    graphdef, _ = nnx.split(model)
+    spec = sampling.SamplerSpec(max_new_tokens=6, cache_length=40)
+    with pytest.raises(ValueError, match="grow_from must be a positive slot count"):
+        conversations.Sampler(graphdef, model.config, spec, grow_from=0)
+    sampler = conversations.Sampler(graphdef, model.config, spec, grow_from=8)
+    assert [sampler.capacity_for(n) for n in (0, 8, 9, 33, 40)] == [8, 8, 16, 40, 40]
+    assert conversations.Sampler(graphdef, model.config, spec, grow_from=None).capacity_for(1) == 40
+    state = engine.init_state(model.config, 2, spec, capacity=16)
+    with pytest.raises(ValueError, match="a cache cannot shrink: 16 slots -> 8"):
+        engine.grow_state(state, 8)

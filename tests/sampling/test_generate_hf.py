@@ -93,10 +93,11 @@ def test_greedy_matches_transformers_left_and_right_padding(make_pair, arch, att
 
 def test_session_generate_and_multi_turn_equals_single_run(make_pair):
     """Three turns of appended environment text continue the cache exactly: the last response
-    equals a fresh run over the whole history, and every logprob matches one full forward."""
+    equals a fresh run over the whole history, and every logprob matches one full forward. The
+    cache starts at 8 slots and grows as the turns need (up to the spec's 64)."""
     torch_model, model = make_pair("qwen2")
     graphdef, params = nnx.split(model)
-    sampler = conversations.Sampler(graphdef, model.config, SPEC.replace(max_new_tokens=6))
+    sampler = conversations.Sampler(graphdef, model.config, SPEC.replace(max_new_tokens=6), grow_from=8)
     rng = np.random.default_rng(2)
     prompts = random_prompts(rng, (7, 3, 5))
     conv = sampler.new_conversations(3)
@@ -104,6 +105,7 @@ def test_session_generate_and_multi_turn_equals_single_run(make_pair):
     np.testing.assert_array_equal(np.stack(turn.tokens), hf_greedy(torch_model, prompts, 6))
     responses = [[list(t)] for t in turn.tokens]
     logprobs = [[lp] for lp in turn.logprobs]
+    capacities = [conv.state.cache.max_len]
     for _ in range(3):
         env = random_prompts(rng, rng.integers(1, 6, 3))
         prefix = [conv.history(b) + env[b] for b in range(3)]
@@ -114,6 +116,8 @@ def test_session_generate_and_multi_turn_equals_single_run(make_pair):
             logprobs[b].append(turn.logprobs[b])
             # Only the new tokens (+ the pending one) were written: the prefix was not recomputed.
             assert conv.cached_length(b) == cached_before[b] + 1 + len(env[b]) + 6 - 1
+        capacities.append(conv.state.cache.max_len)
+    assert capacities[0] == 16 and capacities[-1] > capacities[0] and max(capacities) <= 64
     single = sampler.generate(params, prefix)
     for b in range(3):
         np.testing.assert_array_equal(single.tokens[b], responses[b][-1])
@@ -137,7 +141,8 @@ def test_sharded_generation_equals_single_device(make_pair):
     sharded = conversations.shard_params(params, mesh)
     assert jax.tree.leaves(sharded)[-1].sharding.mesh.shape == mesh.shape
     prompts = random_prompts(np.random.default_rng(3), (9, 2, 5, 4))
-    sampler = conversations.Sampler(graphdef, model.config, SPEC, mesh=mesh)
+    # The cache grows from 8 slots to 32 (prompts of up to 9 tokens + 10 new), staying sharded.
+    sampler = conversations.Sampler(graphdef, model.config, SPEC, mesh=mesh, grow_from=8)
     conv = sampler.new_conversations(4)
     out = conv.step(params=sharded, new_tokens=prompts)
     k = conv.state.cache.k
