@@ -64,7 +64,8 @@ class Sampler:
 
     grow_from: the first capacity of a conversation's cache, in slots; it doubles when a row needs
     more (`capacity_for`). None: the whole spec.cache_length from the start. "auto":
-    `CPU_GROW_FROM` on a CPU, None elsewhere. Results do not depend on it."""
+    `CPU_GROW_FROM` on a CPU, None elsewhere. Results depend on it through float rounding only
+    (a softmax over more masked slots may sum in another order), which can flip a rare draw."""
 
     def __init__(self, graphdef: nnx.GraphDef, cfg: models.DecoderConfig, spec: SamplerSpec, *,
                  mesh: Mesh | None = None, cache_dtype=None, min_chunk: int = 8,

@@ -80,8 +80,8 @@ def init_state(cfg: models.DecoderConfig, batch_size: int, spec: SamplerSpec, se
 def grow_state(state: SamplerState, capacity: int, mesh: Mesh | None = None) -> SamplerState:
     """The state with its cache widened to `capacity` slots, the new ones empty at the end. A
     decode step reads every slot of the cache, so a conversation's cache starts small and grows
-    with its longest row (`Sampler.capacity_for`); what is cached, and every result, stays the same
-    (masked slots weigh exactly 0)."""
+    with its longest row (`Sampler.capacity_for`). What is cached stays the same; masked slots
+    weigh exactly 0, so results change by float rounding at most."""
     if capacity < state.cache.max_len:
         raise ValueError(f"a cache cannot shrink: {state.cache.max_len} slots -> {capacity}")
     return _grow(capacity, mesh)(state)
