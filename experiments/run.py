@@ -4,7 +4,9 @@
 with variants after a colon (`single_task.py:baseline`); `--config.section.key=value` overrides
 any setting; `--workdir` chooses where checkpoints, logs and the report go; `--cache_from=DIR[,DIR]`
 names sibling runs' workdirs whose finished warm start and start evaluation this run may take
-where its own workdir has none (each only if built under this run's settings). A run restarted with
+where its own workdir has none (each only if built under this run's settings); `--compile_cache`
+names the folder where compiled programs are kept for later runs (default under ~/.cache; empty:
+off). A run restarted with
 the same workdir resumes from its newest valid checkpoint. A bad config is reported one line per
 problem, before any training, with exit status 2; so are a workdir another run is using and a
 missing packaged asset (the line names the command that installs it) and a model or tokenizer
@@ -34,10 +36,16 @@ def define_run_flags(flag_values) -> None:
                         flag_values=flag_values)
     flags.DEFINE_list("cache_from", [], "sibling workdirs whose finished warm start and start "
                       "evaluation this run may take", flag_values=flag_values)
+    from crl_jax.run import compile_cache
+
+    flags.DEFINE_string("compile_cache", compile_cache.default_dir(),
+                        "folder of compiled programs shared by runs on this machine (empty: off; "
+                        "JAX_COMPILATION_CACHE_DIR takes precedence)", flag_values=flag_values)
 
 
 def parse_command_line(argv: list[str]):
-    """absl flags: `--config` (with `--config.key=value` overrides), `--workdir`, `--cache_from`."""
+    """absl flags: `--config` (with `--config.key=value` overrides), `--workdir`, `--cache_from`,
+    `--compile_cache`; returns (config, workdir, cache_from, compile_cache)."""
     from crl_jax.run import config_loading
 
     config_dir = os.path.join(_HERE, "configs")
@@ -49,7 +57,7 @@ def parse_command_line(argv: list[str]):
         sys.exit(0)
     cfg, flag_values = config_loading.parse_command_line(["run.py"] + argv, config_dir,
                                                          define_flags=define_run_flags)
-    return cfg, flag_values.workdir, tuple(flag_values.cache_from)
+    return cfg, flag_values.workdir, tuple(flag_values.cache_from), flag_values.compile_cache
 
 
 def main(argv: list[str]) -> None:
@@ -60,10 +68,11 @@ def main(argv: list[str]) -> None:
     from crl_jax.run.workdir_lock import WorkdirInUse
 
     try:
-        cfg, workdir, cache_from = parse_command_line(argv)
-        from crl_jax.run import distributed
+        cfg, workdir, cache_from, cache_dir = parse_command_line(argv)
+        from crl_jax.run import compile_cache, distributed
 
         distributed.initialize_from_env()
+        compile_cache.enable(cache_dir)  # before the first compile
         from crl_jax import trainer
 
         # The trainer raises ConfigError too, for what only the built run can tell (e.g. an
