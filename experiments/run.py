@@ -6,8 +6,7 @@ any setting; `--workdir` chooses where checkpoints, logs and the report go; `--c
 names sibling runs' workdirs whose finished warm start and start evaluation this run may take
 where its own workdir has none (each only if built under this run's settings); `--compile_cache`
 names the folder where compiled programs are kept for later runs (default under ~/.cache; empty:
-off). A run restarted with
-the same workdir resumes from its newest valid checkpoint. A bad config is reported one line per
+off). A run restarted with the same workdir resumes from its newest valid checkpoint. A bad config is reported one line per
 problem, before any training, with exit status 2; so are a workdir another run is using and a
 missing packaged asset (the line names the command that installs it) and a model or tokenizer
 file that cannot be read (the line names the file and what is wrong), and a workdir none of

@@ -3,8 +3,8 @@ loads the programs an earlier run on this machine compiled instead of compiling 
 CPU a run compiles dozens of programs (the sampler's for each chunk length and cache capacity,
 the update's for each length bucket), a large share of a short run's time.
 
-JAX keys each entry by the program, the backend and the JAX and XLA versions, so an entry is only
-ever loaded where it was made for; JAX_COMPILATION_CACHE_DIR, where set (a grid launcher's shared
+JAX keys each entry by the program, the backend and the JAX and XLA versions, so an entry is loaded
+only by the setup it was made for; JAX_COMPILATION_CACHE_DIR, where set (a grid launcher's shared
 cache, the tests'), takes precedence over `--compile_cache`.
 """
 
