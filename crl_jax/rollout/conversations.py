@@ -74,8 +74,7 @@ class Sampler:
         self.cache_dtype = cache_dtype
         self.min_chunk = min_chunk
         if grow_from == "auto":
-            platform = mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()
-            grow_from = CPU_GROW_FROM if platform == "cpu" else None
+            grow_from = CPU_GROW_FROM if engine.on_cpu(mesh) else None
         if grow_from is not None and (not isinstance(grow_from, int) or grow_from < 1):
             raise ValueError(f"grow_from must be a positive slot count, None or 'auto'; got {grow_from!r}")
         self.grow_from = grow_from

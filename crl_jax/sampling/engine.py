@@ -182,6 +182,11 @@ def _decode_per_layer(mesh: Mesh | None) -> bool:
     their stacked arrays on every decoded token. Elsewhere the layers stay scanned: the per-layer
     copy of the weights would double their memory, and the unrolled layers' compile time grows
     with depth."""
+    return on_cpu(mesh)
+
+
+def on_cpu(mesh: Mesh | None) -> bool:
+    """Whether generation runs on CPU devices: the mesh's, or the default backend's."""
     platform = mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()
     return platform == "cpu"
 
