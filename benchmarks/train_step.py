@@ -128,6 +128,9 @@ def main():
     graphdef, params = nnx.split(model)
     tx = state_lib.make_optimizer(state_lib.OptimizerConfig(learning_rate=LR))
     state = state_lib.TrainState.create(graphdef, params, tx)
+    # On the mesh, as a run places it: a state left on one device would make the first timed
+    # step compile again for the mesh-sharded state the compiled step returns.
+    state = jax.device_put(state, state_lib.state_shardings(mesh, state))
     train_batch = batch_lib.TrainBatch(jax.device_put(batch), None)
     step_fn = ts.make_train_step(train_cfg, mesh, state, None, train_batch)
 
