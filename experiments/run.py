@@ -6,14 +6,15 @@ any setting; `--workdir` chooses where checkpoints, logs and the report go; `--c
 names sibling runs' workdirs whose finished warm start and start evaluation this run may take
 where its own workdir has none (each only if built under this run's settings); `--compile_cache`
 names the folder where compiled programs are kept for later runs (default under ~/.cache; empty:
-off). A run restarted with the same workdir resumes from its newest valid checkpoint. A bad config is reported one line per
-problem, before any training, with exit status 2; so are a workdir another run is using and a
-missing packaged asset (the line names the command that installs it) and a model or tokenizer
-file that cannot be read (the line names the file and what is wrong), and a workdir none of
-whose checkpoints can be restored. A checkpoint that cannot be
-written (a full disk) stops the run with one line and exit status 1; the previous checkpoint stays. A SIGTERM
-or Ctrl-C (SIGINT) stops the run after its current RL step, checkpointed, with status 143 / 130
-(a second one stops it at once): a preempted run resumes without losing a finished step.
+off). A run restarted with the same workdir resumes from its newest valid checkpoint. A bad
+config is reported one line per problem, before any training, with exit status 2; so are a
+workdir another run is using and a missing packaged asset (the line names the command that
+installs it) and a model or tokenizer file that cannot be read (the line names the file and what
+is wrong), and a workdir none of whose checkpoints can be restored. A checkpoint that cannot be
+written (a full disk) stops the run with one line and exit status 1; the previous checkpoint
+stays. A SIGTERM or Ctrl-C (SIGINT) stops the run after its current RL step, checkpointed, with
+status 143 / 130 (a second one stops it at once): a preempted run resumes without losing a
+finished step.
 
 Multi-host: set CRL_JAX_DISTRIBUTED=1 (launch_tpu.sh does) to call jax.distributed.initialize()
 (see crl_jax/run/distributed.py; CRL_JAX_COORDINATOR, CRL_JAX_NUM_PROCESSES and CRL_JAX_PROCESS_ID
