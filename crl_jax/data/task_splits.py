@@ -61,13 +61,23 @@ class TaskSplitsConfig(tfds.core.BuilderConfig):
         self.num_train, self.num_test, self.with_goals = num_train, num_test, with_goals
 
 
+class _GeneratedHereInfo(tfds.core.DatasetInfo):
+    """The DatasetInfo of splits generated on this machine, never published. For a builder whose
+    data are not yet on disk, TFDS looks for published metadata on GCS, and first makes a
+    temporary directory for it that it never removes: every new build left one behind."""
+
+    def initialize_from_bucket(self) -> None:
+        return None
+
+
 class TaskSplits(tfds.core.GeneratorBasedBuilder):
     """Train/test task specs (env_name, seed, goal) for one env or a mixture."""
 
     VERSION = tfds.core.Version(VERSION)
 
     def _info(self) -> tfds.core.DatasetInfo:
-        return self.dataset_info_from_configs(
+        return _GeneratedHereInfo(
+            builder=self,
             features=tfds.features.FeaturesDict({
                 "env_name": tfds.features.Text(),
                 "seed": np.int64,

@@ -1,5 +1,7 @@
 """TFDS task splits: array_record on disk, disjoint train/test seeds, identical across builds."""
 
+import tempfile
+
 import pytest
 
 from crl_jax.data import TEST_SEED_BASE, load_task_splits, task_seeds
@@ -51,6 +53,15 @@ def test_array_record_files_on_disk(tmp_path):
                                 with_goals=False)
     assert _items(reloaded["train"]) == [
         {"env_name": "sokoban/6x6-2box", "seed": s, "goal": ""} for s in range(3)]
+
+
+def test_a_build_leaves_no_temporary_directory(tmp_path, monkeypatch):
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    load_task_splits("sokoban/6x6-2box", tmp_path / "data", num_train=2, num_test=1,
+                     with_goals=False)
+    assert list(scratch.iterdir()) == []
 
 
 def test_bad_arguments_are_clear(tmp_path):
