@@ -73,9 +73,20 @@ def stack_cache_layers(cache: KVCache) -> KVCache:
 def split_param_layers(params: nnx.State) -> nnx.State:
     """Params whose stacked layer weights are tuples of per-layer arrays, sliced once (outside
     a decode loop) rather than on every step by the unrolled layers; it copies the layer
-    weights once. Used with a `split_cache_layers` cache."""
+    weights once. Used with a `split_cache_layers` cache.
+
+    In this form the MLP weights are stored [out, in]: `w_gate` holds the gate's rows and then
+    the up projection's, [2F, D], `w_up` is empty, and `w_down` is [D, F]. For a decode step's
+    few rows, XLA:CPU's dot library runs products against [out, in] weights faster than against
+    [in, out] ones, and one product for gate and up faster than two (both sampler benchmark
+    shapes, docs/benchmarks.md)."""
     out = nnx.State(dict(params))
-    out["layers"] = jax.tree.map(tuple, params["layers"])
+    split = jax.tree.map(tuple, params["layers"])
+    gate, up, down = (split[name].value for name in ("w_gate", "w_up", "w_down"))
+    split["w_gate"].value = tuple(jnp.concatenate([g, u], axis=1).T for g, u in zip(gate, up))
+    split["w_up"].value = tuple(jnp.zeros((0,), u.dtype) for u in up)
+    split["w_down"].value = tuple(d.T for d in down)
+    out["layers"] = split
     return out
 
 
@@ -211,6 +222,7 @@ class _LayerMath:
 
     def __init__(self, cfg, positions, cached: bool):
         self.cfg, self.positions, self.cached = cfg, positions, cached
+        self.mlp_out_in = False  # True for weights in split_param_layers' form
         self.inv_freq = layers.rope_inverse_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
         self.dtype, self.chunk = cfg.compute_dtype, cfg.dot_chunk
 
@@ -236,9 +248,13 @@ class _LayerMath:
         """The MLP's two input projections [B,T,F]. Without a cache (training, scoring) they are
         one product with the weights stacked [D,2,F]: one larger matmul and one larger backward,
         about 10% off a tiny actor's update on a CPU, and F keeps its sharding. With a cache
-        (the sampler) each weight is read as it is: stacking would copy both on every token.
-        Chunked dots (a CPU parity mode) keep the two products too: their rounding is the point."""
+        (the sampler) each weight is read as it is: stacking would copy both on every token,
+        unless they come stacked (`split_param_layers`). Chunked dots (a CPU parity mode) keep
+        the two products too: their rounding is the point (one stacked product rounds each
+        output as its own product does)."""
         chunk = self.chunk
+        if self.mlp_out_in:
+            return tuple(jnp.split(layers.dense("btd,fd->btf", h, w["w_gate"], chunk), 2, axis=-1))
         if self.cached or chunk:
             return (layers.dense("btd,df->btf", h, w["w_gate"], chunk),
                     layers.dense("btd,df->btf", h, w["w_up"], chunk))
@@ -273,7 +289,8 @@ class _LayerMath:
 
     def _swiglu(self, h, w):
         gate, up = self.gate_and_up(h, w)
-        return layers.dense("btf,fd->btd", layers.silu(gate) * up, w["w_down"], self.chunk)
+        spec = "btf,df->btd" if self.mlp_out_in else "btf,fd->btd"
+        return layers.dense(spec, layers.silu(gate) * up, w["w_down"], self.chunk)
 
 
 def _run_layers(cfg, stacked: DecoderLayers, x, positions, key_valid, cache, write_slots):
@@ -314,6 +331,7 @@ def _run_layers(cfg, stacked: DecoderLayers, x, positions, key_valid, cache, wri
         return (math.finish(x, w, attn), k_all, v_all, i + 1), None
 
     if isinstance(cache.k, tuple):  # split_cache_layers: one buffer per layer, layers unrolled
+        math.mlp_out_in = True  # and the weights come from split_param_layers
         ks, vs = list(cache.k), list(cache.v)
         for i in range(cfg.num_layers):
             w = math.cast({name: value[i] for name, value in weights.items()})

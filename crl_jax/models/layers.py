@@ -43,29 +43,36 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
 
 def dense(spec: str, x: jax.Array, w: jax.Array, chunk: int = 0, **kwargs) -> jax.Array:
     """`jnp.einsum(spec, x, w)` for a weight product whose contracted axes are the last of `x`
-    and the first of `w` ("btnh,nhd->btd"). With `chunk` > 0 the contraction of K terms is summed
-    as K / chunk dots of `chunk` terms each, added one after another: a blocked summation whose
-    float32 rounding error is a fraction of one long dot's on XLA's CPU backend
-    (DecoderConfig.dot_chunk). Falls back to the single dot when K is not a multiple of `chunk`."""
+    and either the first of `w` ("btnh,nhd->btd") or its last ("btf,df->btd": weights stored
+    [out, in]). With `chunk` > 0 the contraction of K terms is summed as K / chunk dots of
+    `chunk` terms each, added one after another: a blocked summation whose float32 rounding
+    error is a fraction of one long dot's on XLA's CPU backend (DecoderConfig.dot_chunk). Falls
+    back to the single dot when K is not a multiple of `chunk`."""
     if not chunk:
         return jnp.einsum(spec, x, w, **kwargs)
     inputs, out = spec.split("->")
     x_axes, w_axes = inputs.split(",")
-    contracted = [a for a in w_axes if a in x_axes and a not in out]
+    contracted = "".join(a for a in w_axes if a in x_axes and a not in out)
     n = len(contracted)
-    if x_axes[-n:] != w_axes[:n] or "".join(contracted) != w_axes[:n]:
-        raise ValueError(f"dense: {spec!r} must contract the last axes of x with the first of w")
-    k = math.prod(w.shape[:n])
+    in_first = w_axes[:n] == contracted
+    if x_axes[-n:] != contracted or not (in_first or w_axes[-n:] == contracted):
+        raise ValueError(f"dense: {spec!r} must contract the last axes of x with the first or "
+                         "the last of w")
+    k = math.prod(w.shape[:n] if in_first else w.shape[-n:])
     if k <= chunk or k % chunk:
         return jnp.einsum(spec, x, w, **kwargs)
-    lead, tail = x.shape[:-n], w.shape[n:]
+    lead, tail = x.shape[:-n], (w.shape[n:] if in_first else w.shape[:-n])
     xs = x.reshape(lead + (k,))
-    ws = w.reshape((k, math.prod(tail)))
+    if in_first:
+        ws, piece_spec = w.reshape((k, math.prod(tail))), "...c,cv->...v"
+        piece = lambda start: ws[start:start + chunk]
+    else:
+        ws, piece_spec = w.reshape((math.prod(tail), k)), "...c,vc->...v"
+        piece = lambda start: ws[:, start:start + chunk]
     # One dot per chunk, added in order: no [.., K / chunk, out] partial product is materialised.
     out = None
     for start in range(0, k, chunk):
-        part = jnp.einsum("...c,cv->...v", xs[..., start:start + chunk], ws[start:start + chunk],
-                          **kwargs)
+        part = jnp.einsum(piece_spec, xs[..., start:start + chunk], piece(start), **kwargs)
         out = part if out is None else out + part
     return out.reshape(lead + tail)
 

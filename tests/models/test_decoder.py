@@ -131,14 +131,15 @@ def test_kv_cache_chunks_equal_full_forward(checkpoint, attention):
         np.testing.assert_allclose(np.stack(outputs[row]), full, atol=1e-4, rtol=0)
 
 
-def test_per_layer_cache_equals_the_stacked_one(checkpoint):
+@pytest.mark.parametrize("dot_chunk", [0, 16])
+def test_per_layer_cache_equals_the_stacked_one(checkpoint, dot_chunk):
     """A sampler's decode loop on a CPU splits the cache and the layer weights into per-layer
-    pieces (layers unrolled); each step's logits and the restacked cache equal the scanned
-    layers' on the stacked cache."""
+    pieces (layers unrolled, MLP weights [out, in]); each step's logits and the restacked cache
+    equal the scanned layers' on the stacked cache, with plain or chunked dots."""
     from flax import nnx
 
     _, path, _ = checkpoint
-    graphdef, params = nnx.split(models.from_pretrained(path))
+    graphdef, params = nnx.split(models.from_pretrained(path, dot_chunk=dot_chunk))
     stacked = models.init_cache(models.from_pretrained(path).config, batch_size=2, max_len=12)
     _, stacked = models.apply(graphdef, params, jnp.asarray([[3, 4, 5], [6, 7, 0]]),
                               attention_mask=jnp.asarray([[1, 1, 1], [1, 1, 0]]), cache=stacked)
@@ -221,6 +222,11 @@ def test_dense_blocked_sum_is_closer_to_float64():
     chunked = np.asarray(jax.jit(lambda a, b: dense("btnh,nhd->btd", a, b, 64))(x, w))
     assert chunked.shape == exact.shape
     assert np.abs(chunked - exact).mean() < 0.6 * np.abs(plain - exact).mean()
+    # Weights stored [out, in] sum the same chunks in the same order.
+    w_out_in = np.ascontiguousarray(w.transpose(2, 0, 1))
+    chunked_out_in = np.asarray(jax.jit(lambda a, b: dense("btnh,dnh->btd", a, b, 64))(x, w_out_in))
+    np.testing.assert_allclose(chunked_out_in, chunked, rtol=0, atol=1e-6)
+    assert np.abs(chunked_out_in - exact).mean() < 0.6 * np.abs(plain - exact).mean()
     # A contraction that is not a multiple of the chunk falls back to the single dot.
     odd = np.asarray(dense("btnh,nhd->btd", x, w, 100))
     np.testing.assert_array_equal(odd, np.asarray(dense("btnh,nhd->btd", x, w)))
