@@ -248,10 +248,10 @@ class _LayerMath:
         """The MLP's two input projections [B,T,F]. Without a cache (training, scoring) they are
         one product with the weights stacked [D,2,F]: one larger matmul and one larger backward,
         about 10% off a tiny actor's update on a CPU, and F keeps its sharding. With a cache
-        (the sampler) each weight is read as it is: stacking would copy both on every token,
-        unless they come stacked (`split_param_layers`). Chunked dots (a CPU parity mode) keep
-        the two products too: their rounding is the point (one stacked product rounds each
-        output as its own product does)."""
+        (the sampler) each weight is read as it is: stacking would copy both on every token.
+        Weights from `split_param_layers` come stacked already, [2F, D], and take one product.
+        Otherwise chunked dots (a CPU parity mode) keep the two products too: their rounding is
+        the point."""
         chunk = self.chunk
         if self.mlp_out_in:
             return tuple(jnp.split(layers.dense("btd,fd->btf", h, w["w_gate"], chunk), 2, axis=-1))
