@@ -220,9 +220,9 @@ def _split_along_time(x: jax.Array) -> jax.Array:
 class _LayerMath:
     """One layer's computations around attention, for the scans of `_run_layers`."""
 
-    def __init__(self, cfg, positions, cached: bool):
+    def __init__(self, cfg, positions, cached: bool, mlp_out_in: bool = False):
         self.cfg, self.positions, self.cached = cfg, positions, cached
-        self.mlp_out_in = False  # True for weights in split_param_layers' form
+        self.mlp_out_in = mlp_out_in  # MLP weights in split_param_layers' [out, in] form
         self.inv_freq = layers.rope_inverse_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
         self.dtype, self.chunk = cfg.compute_dtype, cfg.dot_chunk
 
@@ -296,7 +296,9 @@ class _LayerMath:
 def _run_layers(cfg, stacked: DecoderLayers, x, positions, key_valid, cache, write_slots):
     """Scan the transformer blocks. Returns the final hidden state and the updated (k, v) caches."""
     weights = {name: getattr(stacked, name).value for name in _layer_param_shapes(cfg)}
-    math = _LayerMath(cfg, positions, cached=cache is not None)
+    # Per-layer caches (split_cache_layers) come with split_param_layers' weights.
+    split = cache is not None and isinstance(cache.k, tuple)
+    math = _LayerMath(cfg, positions, cached=cache is not None, mlp_out_in=split)
     dtype = cfg.compute_dtype
 
     if cache is None:
@@ -330,8 +332,7 @@ def _run_layers(cfg, stacked: DecoderLayers, x, positions, key_valid, cache, wri
                                    write_slots, implementation=cfg.attention, block=cfg.attention_block)
         return (math.finish(x, w, attn), k_all, v_all, i + 1), None
 
-    if isinstance(cache.k, tuple):  # split_cache_layers: one buffer per layer, layers unrolled
-        math.mlp_out_in = True  # and the weights come from split_param_layers
+    if split:  # one buffer per layer, layers unrolled
         ks, vs = list(cache.k), list(cache.v)
         for i in range(cfg.num_layers):
             w = math.cast({name: value[i] for name, value in weights.items()})
