@@ -98,7 +98,8 @@ def _update_peak_gib(cfg, micro_batches: int) -> float:
     train_cfg = dataclasses.replace(TrainConfig(), actor_micro_batches=micro_batches)
     compiled = aot.compile_update(train_cfg, mesh, actor, extractor,
                                   (r.groups_per_step * r.group_size, cfg.rl.max_seq_len),
-                                  (e.batch_size, e.cache_length))
+                                  (e.batch_size, e.cache_length),
+                                  memory_fit.sizing_options(mesh.devices.flat[0]))
     return memory_fit.peak_bytes(compiled.memory_analysis()) / 2**30
 
 

@@ -94,14 +94,16 @@ class AotSpec:
 
 
 def compile_update(train_cfg: ts.TrainConfig, mesh: Mesh, actor_state, extractor_state,
-                   actor_shape: tuple[int, int], extractor_shape: tuple[int, int] | None = None):
+                   actor_shape: tuple[int, int], extractor_shape: tuple[int, int] | None = None,
+                   compiler_options: dict | None = None):
     """The joint update compiled on `mesh` for batches of (rows, tokens) shapes, from abstract
     inputs: nothing is allocated or run. The states may be concrete or abstract; without an
-    extractor shape the step updates the actor only."""
+    extractor shape the step updates the actor only. `compiler_options` go to XLA (e.g.
+    `memory_fit.sizing_options` for a compile that is only measured)."""
     batch = batch_lib.TrainBatch(abstract_batch(*actor_shape),
                                  None if extractor_shape is None else abstract_batch(*extractor_shape))
     step = ts.make_train_step(train_cfg, mesh, actor_state, extractor_state, batch)
-    return step.lower(actor_state, extractor_state, batch).compile()
+    return step.lower(actor_state, extractor_state, batch).compile(compiler_options=compiler_options)
 
 
 def compile_train_step(spec: AotSpec, topology: str, mesh_shape=None) -> dict:

@@ -92,9 +92,11 @@ class Updater:
         single-host update; role-split and multi-host updates compile per role and host."""
         if self.hosts or not self.colocated:
             return
+        device = self.mesh.devices.flat[0]
         compiled = aot.compile_update(self.cfg, self.mesh, actor_state, extractor_state,
-                                      (rows, self.max_seq_len), extractor_shape)
-        short = memory_fit.shortfall(compiled, self.mesh.devices.flat[0])
+                                      (rows, self.max_seq_len), extractor_shape,
+                                      memory_fit.sizing_options(device))
+        short = memory_fit.shortfall(compiled, device)
         if short:
             need, have = (b / 2**30 for b in short)
             raise ConfigError([
