@@ -29,7 +29,8 @@ def test_a_missing_packaged_asset_is_one_line_naming_its_install_command(package
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(HIDE.format(hidden={package}))
-    env = dict(os.environ, PYTHONPATH=str(hook), JAX_PLATFORMS="cpu")
+    env = dict(os.environ, PYTHONPATH=str(hook), JAX_PLATFORMS="cpu",
+               XDG_CACHE_HOME=str(tmp_path / "cache"))  # the default compile cache, kept in here
     workdir = tmp_path / "run"
     result = subprocess.run([sys.executable, RUN, *args, f"--workdir={workdir}"], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=300)

@@ -53,12 +53,13 @@ def test_release_lets_another_process_in(tmp_path):
         process.wait()
 
 
-def test_run_cli_refuses_a_workdir_in_use_and_leaves_it_alone(tmp_path, holder):
+def test_run_cli_refuses_a_workdir_in_use_and_leaves_it_alone(tmp_path, tmp_path_factory, holder):
     (tmp_path / "metrics.jsonl").write_text('{"step": 0}\n')
     result = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "run.py"),
                              "--config=single_task.py", f"--workdir={tmp_path}"], cwd=ROOT,
                             capture_output=True, text=True, timeout=300,
-                            env={**os.environ, "JAX_PLATFORMS": "cpu"})
+                            env={**os.environ, "JAX_PLATFORMS": "cpu",
+                                 "XDG_CACHE_HOME": str(tmp_path_factory.mktemp("cache"))})
     assert result.returncode == 2
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "in use by another training run" in errors[0], result.stderr[-2000:]

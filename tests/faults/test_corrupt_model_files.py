@@ -153,7 +153,7 @@ def test_the_run_stops_with_one_line_and_keeps_the_workdir(case, checkpoint, tmp
     result = subprocess.run(
         [sys.executable, RUN, "--config=single_task.py", f"--config.actor.path={folder}",
          f"--workdir={workdir}"], cwd=ROOT, capture_output=True, text=True, timeout=600,
-        env=dict(os.environ, JAX_PLATFORMS="cpu"))
+        env=dict(os.environ, JAX_PLATFORMS="cpu", XDG_CACHE_HOME=str(tmp_path / "cache")))
     assert result.returncode == 2, result.stderr[-3000:]
     assert "Traceback" not in result.stderr + result.stdout
     errors = [line for line in result.stderr.splitlines() if line.startswith(("error:", "config error:"))]
