@@ -139,14 +139,15 @@ def test_blockwise_update_needs_far_less_memory_at_4096_tokens():
     materialised one's memory; with the MLP whole, its [T, F] activations are most of what
     remains. benchmarks/attention.py reports the same figures beside each side's speed."""
     from crl_jax import models, sharding
-    from crl_jax.rl import aot, state as state_lib, train_step as ts
+    from crl_jax.rl import aot, memory_fit, state as state_lib, train_step as ts
 
     mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
 
     def temp_bytes(implementation, seq, mlp_chunk=512):
         cfg = models.get_preset("tiny", attention=implementation, mlp_chunk=mlp_chunk)
         state = aot.abstract_state(cfg, state_lib.OptimizerConfig())
-        compiled = aot.compile_update(ts.TrainConfig(), mesh, state, None, (1, seq))
+        compiled = aot.compile_update(ts.TrainConfig(), mesh, state, None, (1, seq),
+                                      compiler_options=memory_fit.sizing_options(mesh.devices.flat[0]))
         return compiled.memory_analysis().temp_size_in_bytes
 
     blockwise, materialized = temp_bytes("blockwise", 4096), temp_bytes("materialized", 4096)
