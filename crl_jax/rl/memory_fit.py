@@ -45,10 +45,11 @@ def device_memory_bytes(device) -> int | None:
 
 
 def sizing_options(device) -> dict:
-    """XLA options for a compile that is only measured, never run. On a CPU, LLVM's optimisation
-    level changes the generated code but not XLA's buffer assignment, whose sizes
-    `memory_analysis` reports, and LLVM's passes are most of a compile: level 0 gives the same
-    sizes in well under half the time (tests/trainer/test_memory_fit.py checks they agree)."""
+    """XLA options for a program compiled only to be measured, never run (the configs' and the
+    attention's memory tests). On a CPU, LLVM's optimisation level changes the generated code but
+    not XLA's buffer assignment, whose sizes `memory_analysis` reports, and LLVM's passes are
+    most of a compile: level 0 gives the same sizes in well under half the time
+    (tests/trainer/test_memory_fit.py checks they agree)."""
     return {"xla_backend_optimization_level": 0} if device.platform == "cpu" else {}
 
 

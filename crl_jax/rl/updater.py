@@ -92,11 +92,12 @@ class Updater:
         single-host update; role-split and multi-host updates compile per role and host."""
         if self.hosts or not self.colocated:
             return
-        device = self.mesh.devices.flat[0]
+        # Compiled as the run compiles it (not with memory_fit.sizing_options, which would halve
+        # this on a CPU): through the persistent compile cache, the run's first update at these
+        # shapes then loads this program instead of compiling it again.
         compiled = aot.compile_update(self.cfg, self.mesh, actor_state, extractor_state,
-                                      (rows, self.max_seq_len), extractor_shape,
-                                      memory_fit.sizing_options(device))
-        short = memory_fit.shortfall(compiled, device)
+                                      (rows, self.max_seq_len), extractor_shape)
+        short = memory_fit.shortfall(compiled, self.mesh.devices.flat[0])
         if short:
             need, have = (b / 2**30 for b in short)
             raise ConfigError([

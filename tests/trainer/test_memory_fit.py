@@ -3,11 +3,15 @@ setting to change, before the warm start or any rollout; one that fits passes th
 
 import os
 
+import logging
+
 import pytest
 
 from crl_jax import trainer as trainer_lib
 from crl_jax.config import ConfigError
+from crl_jax.memory.text_store import Generation
 from crl_jax.rl import aot, memory_fit
+from crl_jax.rollout.trajectory import EpisodeSpec, Trajectory, generations_batch
 
 
 def test_an_update_too_big_for_the_device_stops_before_any_training(make_config, tmp_path, monkeypatch):
@@ -24,9 +28,10 @@ def test_an_update_too_big_for_the_device_stops_before_any_training(make_config,
     assert not any(name.isdigit() for name in os.listdir(tmp_path / "checkpoints"))
 
 
-def test_the_fit_check_measures_the_sizes_of_the_program_that_runs(make_config, tmp_path):
-    """The check compiles with `memory_fit.sizing_options` (LLVM at level 0 on a CPU, which is
-    faster): XLA must report the same buffer sizes as for the optimised program the run uses."""
+def test_a_program_compiled_only_to_be_measured_has_the_sizes_of_the_one_that_runs(make_config,
+                                                                                  tmp_path):
+    """Memory tests compile with `memory_fit.sizing_options` (LLVM at level 0 on a CPU, which is
+    faster): XLA must report the same buffer sizes as for the optimised program a run uses."""
     trainer = trainer_lib.Trainer(make_config(), str(tmp_path))
     r, e, u = trainer.cfg.rollout, trainer.cfg.extractor, trainer.updater
     device = u.mesh.devices.flat[0]
@@ -42,3 +47,23 @@ def test_the_fit_check_measures_the_sizes_of_the_program_that_runs(make_config, 
 
     measured, optimised = sizes(memory_fit.sizing_options(device)), sizes(None)
     assert measured == optimised and optimised[3] > 0
+
+
+def test_the_first_update_at_the_checked_shapes_loads_the_checks_program(make_config, tmp_path,
+                                                                         caplog):
+    """With the persistent compile cache (on in every run by default, and in these tests), the
+    start-up check's compile is not wasted: the run's first update at the largest shapes, as the
+    updater builds it from episodes, loads the program the check compiled."""
+    trainer = trainer_lib.Trainer(make_config(), str(tmp_path))
+    r, e, u = trainer.cfg.rollout, trainer.cfg.extractor, trainer.updater
+    trainer.check_update_fits()
+    episodes = [Trajectory(EpisodeSpec("test/coin", 0, k // r.group_size, k % 2 == 1),
+                           tokens=[1] * u.max_seq_len, loss_mask=[1.0] * u.max_seq_len,
+                           logprobs=[0.0] * u.max_seq_len, reward=float(k % 2))
+                for k in range(r.groups_per_step * r.group_size)]
+    generations = [(Generation((1,) * 8, (2,) * 8, (0.0,) * 8), 1.0, 1.0)] * e.batch_size
+    extractor_batch = generations_batch(generations, e.cache_length, e.batch_size)
+    with caplog.at_level(logging.DEBUG, logger="jax._src.compiler"):
+        _, _, metrics = u(trainer.actor_state, trainer.extractor_state, episodes, extractor_batch)
+    assert metrics  # the update ran
+    assert any("cache hit for 'jit_train_step'" in m for m in caplog.messages), caplog.messages
