@@ -1,9 +1,10 @@
 """An update too large for the device stops the run at start-up with a config error naming the
-setting to change, before the warm start or any rollout; one that fits passes the check."""
-
-import os
+setting to change, before the warm start or any rollout; one that fits passes the check, and the
+check's program is the one the run's largest update loads. A program compiled only to be
+measured reports the sizes of the one that runs."""
 
 import logging
+import os
 
 import pytest
 
