@@ -67,14 +67,23 @@ def init_state(cfg: models.DecoderConfig, batch_size: int, spec: SamplerSpec, se
     `capacity` slots (default: spec.cache_length); `grow_state` widens it later."""
     rng = jax.random.key(seed) if isinstance(seed, int) else seed
     slots = spec.cache_length if capacity is None else capacity
+    make = _state_maker(cfg, batch_size, slots, cache_dtype, mesh)
+    return make(rng, jnp.int32(first_row))
 
-    def make():
+
+@functools.lru_cache(maxsize=None)
+def _state_maker(cfg: models.DecoderConfig, batch_size: int, slots: int, cache_dtype,
+                 mesh: Mesh | None):
+    """init_state's builder for one shape, jitted once on a mesh: the seed and the first row are
+    arguments, not constants, so a run's many conversations share one program."""
+    def make(rng, first_row):
         return SamplerState(cache=models.init_cache(cfg, batch_size, slots, cache_dtype),
                             rng=rng, rows=jnp.arange(batch_size, dtype=jnp.int32) + first_row)
 
     if mesh is None:
-        return make()
-    return jax.jit(make, out_shardings=state_shardings(mesh, jax.eval_shape(make)))()
+        return make
+    shapes = jax.eval_shape(make, jax.random.key(0), jnp.int32(0))
+    return jax.jit(make, out_shardings=state_shardings(mesh, shapes))
 
 
 def grow_state(state: SamplerState, capacity: int, mesh: Mesh | None = None) -> SamplerState:
