@@ -6,6 +6,7 @@ per kv head, H head dim.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -133,13 +134,62 @@ def grouped_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
     b, t, n, h = q.shape
     kv_heads = k.shape[1]
     q = q.reshape(b, t, kv_heads, n // kv_heads, h).transpose(0, 2, 3, 1, 4)
-    scores = jnp.einsum("bkgth,bkhs->bkgts" if keys_transposed else "bkgth,bksh->bkgts", q, k,
-                        preferred_element_type=jnp.float32)
-    scores = scores * (1.0 / math.sqrt(h))
-    scores = jnp.where(mask[:, None, None, :, :], scores, MASK_VALUE)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgts,bksh->bkgth", probs, v, preferred_element_type=jnp.float32)
+    out = _softmax_attention(q, k, v, mask, keys_transposed)
     return out.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h).astype(q.dtype)
+
+
+def _key_subscripts(keys_transposed: bool) -> str:
+    return "bkhs" if keys_transposed else "bksh"
+
+
+def _attention_probs(q, k, mask, keys_transposed: bool):
+    """softmax(q k^T / sqrt(H)) over the visible keys: [B,K,G,T,S] in v's dtype."""
+    scores = jnp.einsum(f"bkgth,{_key_subscripts(keys_transposed)}->bkgts", q, k,
+                        preferred_element_type=jnp.float32)
+    scores = scores * (1.0 / math.sqrt(q.shape[-1]))
+    scores = jnp.where(mask[:, None, None, :, :], scores, MASK_VALUE)
+    return jax.nn.softmax(scores, axis=-1)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _softmax_attention(q, k, v, mask, keys_transposed: bool):
+    """q [B,K,G,T,H] -> [B,K,G,T,H] float32. Its backward is written out (the standard softmax
+    attention gradient, flash attention's form) because autodiff's keeps more than the
+    probabilities for it (a [B,K,G,T,S] broadcast of the softmax's denominator) and reads the
+    score-sized operands transposed: by hand, the micro preset's update at 1,280 tokens takes
+    about 0.94 of the time (docs/benchmarks.md)."""
+    return _softmax_attention_fwd(q, k, v, mask, keys_transposed)[0]
+
+
+def _softmax_attention_fwd(q, k, v, mask, keys_transposed: bool):
+    probs = _attention_probs(q, k, mask, keys_transposed).astype(v.dtype)
+    out = jnp.einsum("bkgts,bksh->bkgth", probs, v, preferred_element_type=jnp.float32)
+    return out, (q, k, v, mask, probs, out)
+
+
+def _softmax_attention_bwd(keys_transposed: bool, residuals, d_out):
+    q, k, v, mask, probs, out = residuals
+    d_out = d_out.astype(jnp.float32)
+    # Products over (G, T) are taken as [H, S] = [H, GT] x [GT, S]: the score-sized operand is
+    # then read as it lies and only the small one is transposed (and the small result after).
+    dv = jnp.einsum("bkgth,bkgts->bkhs", d_out.astype(probs.dtype), probs,
+                    preferred_element_type=jnp.float32).swapaxes(2, 3)
+    d_probs = jnp.einsum("bkgth,bksh->bkgts", d_out.astype(v.dtype), v,
+                         preferred_element_type=jnp.float32)
+    # The softmax's backward, sum_s p ds = sum_h out d_out; masked keys get no gradient even in
+    # a row with no visible key (which the softmax spreads evenly over the masked ones).
+    row_dot = (d_out * out).sum(-1, keepdims=True)
+    d_scores = jnp.where(mask[:, None, None, :, :],
+                         probs.astype(jnp.float32) * (d_probs - row_dot), 0.0)
+    d_scores = (d_scores * (1.0 / math.sqrt(q.shape[-1]))).astype(q.dtype)
+    dq = jnp.einsum(f"bkgts,{_key_subscripts(keys_transposed)}->bkgth", d_scores, k,
+                    preferred_element_type=jnp.float32)
+    dk = jnp.einsum("bkgth,bkgts->bkhs", q, d_scores, preferred_element_type=jnp.float32)
+    dk = dk if keys_transposed else dk.swapaxes(2, 3)
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None
+
+
+_softmax_attention.defvjp(_softmax_attention_fwd, _softmax_attention_bwd)
 
 
 def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array,

@@ -1,4 +1,7 @@
-"""Every attention implementation against the materialised reference, forward and gradients.
+"""Every attention implementation against a plain reference, forward and gradients.
+
+The reference is softmax attention written out here with the kv heads repeated, differentiated
+by autodiff: independent of crl_jax's layout and of its hand-written backward passes.
 
 Cases: left and right padding, grouped-query heads (G = 2 and 3, and one kv head), head dims that
 are not hidden / heads, and lengths that are not multiples of the block. Padding queries have no
@@ -16,7 +19,7 @@ import numpy as np
 import pytest
 
 from crl_jax.models import attention as attention_lib
-from crl_jax.models.layers import grouped_attention
+from crl_jax.models.layers import MASK_VALUE, grouped_attention
 
 CASES = [  # (batch, time, heads, kv heads, head dim, block, padding)
     (2, 37, 4, 2, 6, 16, "left"),
@@ -26,9 +29,19 @@ CASES = [  # (batch, time, heads, kv heads, head dim, block, padding)
 ]
 
 
+def plain_attention(q, k, v, visible):
+    """q [B,T,N,H], k/v [B,K,S,H], visible [B,T,S] -> [B,T,N,H]; query head i reads kv head
+    i // (N / K)."""
+    repeat = q.shape[2] // k.shape[1]
+    k, v = jnp.repeat(k, repeat, axis=1), jnp.repeat(v, repeat, axis=1)
+    scores = jnp.einsum("btnh,bnsh->bnts", q, k) / np.sqrt(q.shape[-1])
+    probs = jax.nn.softmax(jnp.where(visible[:, None], scores, MASK_VALUE), axis=-1)
+    return jnp.einsum("bnts,bnsh->btnh", probs, v)
+
+
 def reference(q, k, v, key_valid, q_slots):
     visible = key_valid[:, None, :] & (jnp.arange(k.shape[2])[None, None, :] <= q_slots[:, :, None])
-    return grouped_attention(q, k, v, visible)
+    return plain_attention(q, k, v, visible)
 
 
 def make_case(batch, time, heads, kv_heads, head_dim, padding, seed=0):
@@ -97,6 +110,33 @@ def test_queries_against_a_cache_equal_the_reference(implementation, keys_transp
         implementation=implementation, block=8, keys_transposed=keys_transposed)
     weights = jnp.asarray(rng.normal(size=(b, t, n, h)), jnp.float32)
     assert_matches_reference(fn, q, k, v, valid, jnp.ones((b, t, 1, 1), bool), weights, q_slots=slots)
+
+
+@pytest.mark.parametrize("keys_transposed", [False, True], ids=["keys_BKSH", "keys_BKHS"])
+@pytest.mark.parametrize("dtype,atol", [(jnp.float32, 2e-6), (jnp.bfloat16, 3e-2)])
+def test_grouped_attention_backward_equals_autodiff(keys_transposed, dtype, atol):
+    """The hand-written backward of the materialised product, on an arbitrary mask with a row
+    that sees no key at all (its masked keys must get no gradient), in float32 and bfloat16."""
+    rng = np.random.default_rng(5)
+    b, t, s, n, kh, h = 2, 6, 11, 6, 2, 8
+    normal = lambda *shape: jnp.asarray(rng.normal(size=shape), dtype)  # noqa: E731
+    q, k, v, weights = normal(b, t, n, h), normal(b, kh, s, h), normal(b, kh, s, h), normal(b, t, n, h)
+    visible = jnp.asarray(rng.random((b, t, s)) < 0.6).at[1, 2].set(False)
+
+    def loss(attend):
+        return lambda q, k, v: jnp.sum((attend(q, k, v).astype(jnp.float32) * weights))
+
+    def ours(q, k, v):
+        return grouped_attention(q, jnp.swapaxes(k, 2, 3) if keys_transposed else k, v, visible,
+                                 keys_transposed=keys_transposed)
+
+    upcast = lambda *a: plain_attention(*(x.astype(jnp.float32) for x in a), visible)  # noqa: E731
+    got = jax.grad(loss(ours), argnums=(0, 1, 2))(q, k, v)
+    want = jax.grad(loss(upcast), argnums=(0, 1, 2))(q, k, v)
+    assert all(g.dtype == dtype for g in got)
+    for name, g, w in zip("qkv", got, want):
+        np.testing.assert_allclose(np.asarray(g, np.float32), w, atol=atol, rtol=atol,
+                                   err_msg=f"d{name}")
 
 
 def _largest_tensor(implementation: str, t: int, block: int) -> int:
