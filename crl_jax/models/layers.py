@@ -157,7 +157,7 @@ def _softmax_attention(q, k, v, mask, keys_transposed: bool):
     attention gradient, flash attention's form) because autodiff's keeps more than the
     probabilities for it (a [B,K,G,T,S] broadcast of the softmax's denominator) and reads the
     score-sized operands transposed: by hand, the micro preset's update at 1,280 tokens takes
-    about 0.94 of the time (docs/benchmarks.md)."""
+    0.89-0.93 of the time and half the temporaries (docs/benchmarks.md)."""
     return _softmax_attention_fwd(q, k, v, mask, keys_transposed)[0]
 
 
