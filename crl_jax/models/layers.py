@@ -143,7 +143,7 @@ def _key_subscripts(keys_transposed: bool) -> str:
 
 
 def _attention_probs(q, k, mask, keys_transposed: bool):
-    """softmax(q k^T / sqrt(H)) over the visible keys: [B,K,G,T,S] in v's dtype."""
+    """softmax(q k^T / sqrt(H)) over the visible keys: [B,K,G,T,S] float32."""
     scores = jnp.einsum(f"bkgth,{_key_subscripts(keys_transposed)}->bkgts", q, k,
                         preferred_element_type=jnp.float32)
     scores = scores * (1.0 / math.sqrt(q.shape[-1]))
@@ -176,8 +176,9 @@ def _softmax_attention_bwd(keys_transposed: bool, residuals, d_out):
                     preferred_element_type=jnp.float32).swapaxes(2, 3)
     d_probs = jnp.einsum("bkgth,bksh->bkgts", d_out.astype(v.dtype), v,
                          preferred_element_type=jnp.float32)
-    # The softmax's backward, sum_s p ds = sum_h out d_out; masked keys get no gradient even in
-    # a row with no visible key (which the softmax spreads evenly over the masked ones).
+    # The softmax's backward, with sum_s p d_probs = sum_h out d_out (out = p v); masked keys
+    # get no gradient even in a row with no visible key (which the softmax spreads evenly over
+    # the masked ones).
     row_dot = (d_out * out).sum(-1, keepdims=True)
     d_scores = jnp.where(mask[:, None, None, :, :],
                          probs.astype(jnp.float32) * (d_probs - row_dot), 0.0)
