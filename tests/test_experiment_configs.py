@@ -106,8 +106,10 @@ def _update_peak_gib(cfg, micro_batches: int) -> float:
 @pytest.mark.parametrize("spec", SETTINGS)
 def test_the_update_fits_a_24_gib_machine(spec):
     """Under 16 GiB, leaving room for the samplers' caches, the bank and the embedder. The
-    3-task mixture's update in one piece is what ran out of memory (36 GiB) before it was split."""
+    3-task mixture's update in one piece is what ran out of memory before it was split; in one
+    piece it still needs more than that budget (20.6 GiB; 41.5 before attention's backward was
+    written out)."""
     cfg = load_config(spec, config_dir=CONFIG_DIR)
     assert _update_peak_gib(cfg, cfg.rl.micro_batches) < 16
     if spec == "multi_task.py:three":
-        assert _update_peak_gib(cfg, 1) > 24
+        assert _update_peak_gib(cfg, 1) > 16
