@@ -29,8 +29,9 @@ SIX = THREE[:1] + ("minihack/mazewalk-9x9", "minihack/keyroom-dark-s5", "sokoban
 # mixture's maze, key room and Sokoban need more turns (at 10 the expert solves 70-80% of them, the
 # paper allows 30) and so more context.
 # The actor update is split into micro-batches (gradient accumulation) to fit a 24 GiB machine,
-# where it may take 16 GiB beside the samplers' caches, the bank and the embedder: at 2,304 tokens, 48 sequences in one piece need 20.6 GiB (41.5 before attention's backward was
-# written out), 6 pieces 3.5 GiB.
+# where it may take 16 GiB beside the samplers' caches, the bank and the embedder: at 2,560
+# tokens, 48 sequences in one piece need 20.6 GiB (41.5 before attention's backward was written
+# out), 6 pieces 3.5 GiB.
 SIZES = {"three": (THREE, 8, 2560, 6), "six": (SIX, 10, 2816, 8)}  # tasks, turns, context, micro
 
 
