@@ -170,12 +170,12 @@ def _softmax_attention_fwd(q, k, v, mask, keys_transposed: bool):
 def _softmax_attention_bwd(keys_transposed: bool, residuals, d_out):
     q, k, v, mask, probs, out = residuals
     d_out = d_out.astype(jnp.float32)
+    d_out_low = d_out.astype(v.dtype)  # the products' input dtype (probs are cast to it too)
     # Products over (G, T) are taken as [H, S] = [H, GT] x [GT, S]: the score-sized operand is
     # then read as it lies and only the small one is transposed (and the small result after).
-    dv = jnp.einsum("bkgth,bkgts->bkhs", d_out.astype(probs.dtype), probs,
+    dv = jnp.einsum("bkgth,bkgts->bkhs", d_out_low, probs,
                     preferred_element_type=jnp.float32).swapaxes(2, 3)
-    d_probs = jnp.einsum("bkgth,bksh->bkgts", d_out.astype(v.dtype), v,
-                         preferred_element_type=jnp.float32)
+    d_probs = jnp.einsum("bkgth,bksh->bkgts", d_out_low, v, preferred_element_type=jnp.float32)
     # The softmax's backward, with sum_s p d_probs = sum_h out d_out (out = p v); masked keys
     # get no gradient even in a row with no visible key (which the softmax spreads evenly over
     # the masked ones).
