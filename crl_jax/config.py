@@ -86,6 +86,12 @@ class RLConfig:
     micro_batches: int = 1
     old_logprobs: str = "recompute"
     max_seq_len: int = 1024
+    # True: every update carries an extractor batch of one shape (extractor.batch_size x
+    # extractor.cache_length; an empty one, which changes nothing, on steps without samples), so
+    # the joint step compiles once per actor length bucket rather than once per pair of actor
+    # bucket and extractor shape or none. For small extractors, whose padded update costs less
+    # than the compiles it saves (the CPU configs).
+    fixed_extractor_batch: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

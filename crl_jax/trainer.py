@@ -34,7 +34,7 @@ from crl_jax.rollout.collect import RolloutCollector
 from crl_jax.rollout.credit import ExtractorCredit
 from crl_jax.rollout.distillation import DistillationQueue
 from crl_jax.rollout.task_stream import TaskStream
-from crl_jax.rollout.trajectory import EpisodeSpec, group_specs
+from crl_jax.rollout.trajectory import EpisodeSpec, generations_batch, group_specs
 from crl_jax.run import build, distributed, episodes, graceful_stop, workdir_lock
 from crl_jax.run import metrics as metrics_lib
 from crl_jax.run.checkpoint import Checkpointer
@@ -62,8 +62,12 @@ class Trainer:
         self.tokenizer, self.actor_state, self.extractor_state = build.build_states(
             cfg, workdir, self.mesh, self.extractor_mesh)
         self.train_cfg = build.train_config(cfg)
+        e = cfg.extractor
+        fixed_extractor_batch = cfg.rl.fixed_extractor_batch and cfg.memory.enabled and e.train
         self.updater = Updater(self.train_cfg, self.mesh, self.extractor_mesh, cfg.rl.max_seq_len,
-                               self.hosts)
+                               self.hosts, generations_batch([], e.cache_length, e.batch_size,
+                                                             self.tokenizer.pad_id)
+                               if fixed_extractor_batch else None)
         self.actor_loop = build.build_actor_loop(cfg, self.actor_state, self.tokenizer, self.rollout_mesh)
         self.experience = None
         if cfg.memory.enabled:
@@ -72,8 +76,9 @@ class Trainer:
                 self.rollout_mesh if self.hosts else self.extractor_mesh, self.hosts)
         self.collector = RolloutCollector(self.actor_loop, self.experience, cfg.rollout.step_timeout_s,
                                           self.hosts)
-        self.credit = ExtractorCredit.from_config(cfg.extractor, self.tokenizer.pad_id,
-                                                  fixed_length=self.hosts is not None)
+        self.credit = ExtractorCredit.from_config(
+            cfg.extractor, self.tokenizer.pad_id,
+            fixed_length=self.hosts is not None or fixed_extractor_batch)
         self.distillation = DistillationQueue(self.experience, self.credit, inline=self.hosts is not None)
         self._carry: dict = {}  # counts of a distillation joined by a checkpoint, for the next row
 

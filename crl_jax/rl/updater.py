@@ -38,9 +38,16 @@ def make_extractor_step(cfg: TrainConfig, mesh, extractor_state, extractor_batch
 
 
 class Updater:
-    def __init__(self, cfg: TrainConfig, mesh, extractor_mesh, max_seq_len: int, hosts=None):
+    def __init__(self, cfg: TrainConfig, mesh, extractor_mesh, max_seq_len: int, hosts=None,
+                 empty_extractor_batch=None):
+        """`empty_extractor_batch`: an extractor batch with no valid row, of the one shape every
+        extractor batch then has; colocated updates without an extractor batch carry it instead,
+        so that the joint step's shape no longer depends on whether the extractor has samples.
+        Its gradient is zero, and the step applies no zero gradient: the extractor's state is
+        unchanged, and its metrics are dropped."""
         self.cfg, self.mesh, self.extractor_mesh = cfg, mesh, extractor_mesh
         self.max_seq_len, self.hosts = max_seq_len, hosts
+        self.empty_extractor_batch = empty_extractor_batch
         self._step_fns: dict = {}
 
     @property
@@ -57,6 +64,9 @@ class Updater:
         actor_batch = to_policy_batch(trajectories, length)
         if not self.colocated:
             return self._split(actor_state, extractor_state, actor_batch, extractor_batch)
+        placeholder = extractor_batch is None and self.empty_extractor_batch is not None
+        if placeholder:
+            extractor_batch = self.empty_extractor_batch
         batch = TrainBatch(actor_batch, extractor_batch)
         if self.hosts:
             batch = self.hosts.global_batch(batch, self.mesh)
@@ -64,7 +74,10 @@ class Updater:
         if key not in self._step_fns:
             self._step_fns[key] = make_train_step(self.cfg, self.mesh, actor_state, extractor_state, batch)
         actor_state, extractor_state, metrics = self._step_fns[key](actor_state, extractor_state, batch)
-        return actor_state, extractor_state, _floats(metrics)
+        metrics = _floats(metrics)
+        if placeholder:
+            metrics = {k: v for k, v in metrics.items() if not k.startswith("extractor/")}
+        return actor_state, extractor_state, metrics
 
     def _split(self, actor_state, extractor_state, actor_batch, extractor_batch):
         """One update with disjoint role meshes: the actor's step on its mesh, the extractor's on

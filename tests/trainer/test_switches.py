@@ -62,7 +62,11 @@ def distillation_counts(stats, rows) -> tuple[int, list[float]]:
 
 
 def test_complementary_rl_updates_both_models_and_uses_the_bank(make_config, tmp_path):
-    trainer = trainer_lib.Trainer(make_config(**COIN), str(tmp_path))
+    # With the extractor's batch at one fixed shape, as the CPU configs run (the other tests keep
+    # the default, bucketed shapes).
+    trainer = trainer_lib.Trainer(make_config(**COIN, rl={"fixed_extractor_batch": True}),
+                                  str(tmp_path))
+    assert trainer.updater.empty_extractor_batch is not None and trainer.credit.fixed_length
     seed_bank(trainer)
     actor0, extractor0 = params_of(trainer.actor_state), params_of(trainer.extractor_state)
     merges = []
