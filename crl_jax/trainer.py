@@ -24,6 +24,7 @@ import os
 import time
 
 import jax
+import jax.numpy as jnp
 
 from crl_jax import roles
 from crl_jax.config import RunConfig, to_dict
@@ -135,14 +136,20 @@ class Trainer:
             self.credit.credit(trajectories, entries)
             if cfg.extractor.train:
                 extractor_batch = self.credit.batch(experience.manager, step, metrics)
-        # Distillation in the foreground adds to the counts of last step's background one.
-        distilled, seconds = self.distillation.submit(self.extractor_state.params, trajectories, entries,
-                                                      step, in_background=extractor_batch is None)
+        # Distillation in the foreground adds to the counts of last step's background one. In the
+        # background it reads the extractor's weights while the update runs, and an update with
+        # the empty extractor batch donates them (unchanged): it then reads a copy.
+        params = self.extractor_state.params
+        updates = not warm and (cfg.rl.train_actor or extractor_batch is not None)
+        if updates and extractor_batch is None and self.updater.empty_extractor_batch is not None:
+            params = jax.tree.map(jnp.copy, params)
+        distilled, seconds = self.distillation.submit(params, trajectories, entries, step,
+                                                      in_background=extractor_batch is None)
         metrics_lib.add_counts(metrics, "distill", distilled)
         extractor_s += seconds
         metrics[metrics_lib.TIME_EXTRACTOR] = extractor_s
 
-        if not warm and (cfg.rl.train_actor or extractor_batch is not None):
+        if updates:
             update_started = time.perf_counter()
             self.actor_state, self.extractor_state, update = self.updater(
                 self.actor_state, self.extractor_state, trajectories, extractor_batch)

@@ -62,11 +62,7 @@ def distillation_counts(stats, rows) -> tuple[int, list[float]]:
 
 
 def test_complementary_rl_updates_both_models_and_uses_the_bank(make_config, tmp_path):
-    # With the extractor's batch at one fixed shape, as the CPU configs run (the other tests keep
-    # the default, bucketed shapes).
-    trainer = trainer_lib.Trainer(make_config(**COIN, rl={"fixed_extractor_batch": True}),
-                                  str(tmp_path))
-    assert trainer.updater.empty_extractor_batch is not None and trainer.credit.fixed_length
+    trainer = trainer_lib.Trainer(make_config(**COIN), str(tmp_path))
     seed_bank(trainer)
     actor0, extractor0 = params_of(trainer.actor_state), params_of(trainer.extractor_state)
     merges = []
@@ -100,6 +96,41 @@ def test_complementary_rl_updates_both_models_and_uses_the_bank(make_config, tmp
     snapshot = trainer.experience.manager.snapshot_json()
     assert sum(e.get("retrieval_count", 0) for e in snapshot["entries"]) > 0
     assert os.path.exists(os.path.join(tmp_path, "report.md"))
+
+
+def test_a_fixed_extractor_batch_keeps_the_extractor_on_steps_without_samples(make_config,
+                                                                               tmp_path):
+    """rl.fixed_extractor_batch, as the CPU configs run: a batch of 4 leaves steps 1 and 3 without
+    extractor samples, so their updates carry the empty batch, which donates the extractor's
+    unchanged state while that step's distillation runs in the background on its weights."""
+    trainer = trainer_lib.Trainer(
+        make_config(**COIN, rl={"fixed_extractor_batch": True}, extractor={"batch_size": 4}),
+        str(tmp_path))
+    assert trainer.credit.fixed_length
+    seed_bank(trainer)
+    # The weights each background distillation reads, checked when it is joined (after the
+    # update of its step): none may have been donated while it ran.
+    running, deleted = [], []
+    submit, join = trainer.distillation.submit, trainer.distillation.join
+
+    def checked_submit(params, *args, **kwargs):
+        if kwargs["in_background"]:
+            running.append(params)
+        return submit(params, *args, **kwargs)
+
+    def checked_join():
+        if running:
+            deleted.append(any(x.is_deleted() for x in jax.tree.leaves(running.pop())))
+        return join()
+
+    trainer.distillation.submit, trainer.distillation.join = checked_submit, checked_join
+    extractor0 = params_of(trainer.extractor_state)
+    trainer.run()
+    rows = logged_rows(tmp_path)
+    with_samples = [("extractor/loss" in r) for r in rows if "actor/loss" in r]
+    assert False in with_samples and True in with_samples
+    check_updated(rows, trainer.extractor_state, extractor0, "extractor")
+    assert len(deleted) >= 2 and not any(deleted)
 
 
 def test_static_online_experience_freezes_the_extractor(make_config, tmp_path):
