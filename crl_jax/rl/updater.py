@@ -63,7 +63,9 @@ class Updater:
         length = self.max_seq_len if self.hosts else length_bucket(longest, self.max_seq_len)
         actor_batch = to_policy_batch(trajectories, length)
         if not self.colocated:
-            return self._split(actor_state, extractor_state, actor_batch, extractor_batch)
+            actor_state, extractor_state, metrics = self._split(actor_state, extractor_state,
+                                                                actor_batch, extractor_batch)
+            return actor_state, extractor_state, self._with_length(metrics, length)
         placeholder = extractor_batch is None and self.empty_extractor_batch is not None
         if placeholder:
             extractor_batch = self.empty_extractor_batch
@@ -77,7 +79,11 @@ class Updater:
         metrics = _floats(metrics)
         if placeholder:
             metrics = {k: v for k, v in metrics.items() if not k.startswith("extractor/")}
-        return actor_state, extractor_state, metrics
+        return actor_state, extractor_state, self._with_length(metrics, length)
+
+    def _with_length(self, metrics: dict, length: int) -> dict:
+        """The actor batch's padded length, which sets the update's program and cost."""
+        return {**metrics, "actor/padded_length": float(length)} if self.cfg.update_actor else metrics
 
     def _split(self, actor_state, extractor_state, actor_batch, extractor_batch):
         """One update with disjoint role meshes: the actor's step on its mesh, the extractor's on

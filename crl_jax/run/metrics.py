@@ -66,6 +66,7 @@ BANK_RETRIEVED_SHARE = "bank/retrieved_share"
 BANK_PRECISION = "bank/precision"
 # The train-step metrics keep the names `rl.train_step` gives them ("actor/<name>", "extractor/<name>").
 ACTOR_LOSS, ACTOR_GRAD_NORM = "actor/loss", "actor/grad_norm"
+ACTOR_PADDED_LENGTH = "actor/padded_length"  # set by rl.updater, which pads to the length bucket
 EXTRACTOR_LOSS, EXTRACTOR_REWARD = "extractor/loss", "extractor/reward"
 EXTRACTOR_BUFFER = "extractor/buffer_size"
 EXTRACTOR_SAMPLES = "extractor/samples"
@@ -99,6 +100,8 @@ METRIC_DOCS: dict[str, str] = {
     BANK_REFINEMENTS: "search_and_ask calls answered with a refined entry this step",
     ACTOR_LOSS: "actor policy loss of the update",
     ACTOR_GRAD_NORM: "global gradient norm of the actor update",
+    ACTOR_PADDED_LENGTH: "tokens per row of the actor's update batch, its length bucket (each new "
+                         "one compiles the update; a longer one costs more per update)",
     EXTRACTOR_LOSS: "extractor policy loss (logged on steps that update the extractor)",
     EXTRACTOR_REWARD: "mean reward of the extractor samples in its update batch (the trainer's "
                       "value; the train step's own is extractor/reward_mean)",

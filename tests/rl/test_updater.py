@@ -86,6 +86,8 @@ def test_a_fixed_extractor_batch_compiles_once_and_updates_alike():
             np.testing.assert_allclose(a, b, atol=2e-5)
         assert sorted(m_f) == sorted(m_b)
         np.testing.assert_allclose(m_f["actor/loss"], m_b["actor/loss"], rtol=1e-5)
+    # Each update logs the actor batch's length bucket (17 tokens -> 256).
+    assert [m["actor/padded_length"] for *_, m in fixed_history] == [256.0] * 3
     # The step without samples: no extractor metrics, and the extractor exactly as it was.
     _, ext_params, before, metrics = fixed_history[1]
     assert not any(k.startswith("extractor/") for k in metrics)
