@@ -54,8 +54,8 @@ def base_config() -> config_dict.ConfigDict:
                        cache_length=1280, temperature=0.7, top_p=0.99)
     # Actor lr 8e-4: at 1e-4, twenty steps barely move a ~1M-parameter model. From one warm start,
     # 20 steps at 5e-4 / 8e-4 ended at 0.38 / 0.44 test success (128 rooms), and 1.5e-3 at 0.27
-    # (64 rooms) with twice the invalid actions. One extractor batch shape: a first run compiles 4
-    # update programs instead of 12 (docs/benchmarks.md), for a padded nano update on every step.
+    # (64 rooms) with twice the invalid actions. One extractor batch shape: a first run compiles 2
+    # update programs instead of 6 (docs/benchmarks.md), for a padded nano update on every step.
     c.rl = dict(train_actor=True, advantage_normalization="mean_std", advantage_split="subgroup",
                 clip_eps=0.2, cispo_eps=0.1, aggregation="seq_mean_token_mean", learning_rate=8e-4,
                 extractor_learning_rate=1e-4, weight_decay=0.0, max_grad_norm=1.0, micro_batches=1,
