@@ -63,12 +63,13 @@ class Trainer:
         self.tokenizer, self.actor_state, self.extractor_state = build.build_states(
             cfg, workdir, self.mesh, self.extractor_mesh)
         self.train_cfg = build.train_config(cfg)
-        e = cfg.extractor
-        fixed_extractor_batch = cfg.rl.fixed_extractor_batch and cfg.memory.enabled and e.train
+        ext_cfg = cfg.extractor
+        fixed_extractor_batch = cfg.rl.fixed_extractor_batch and cfg.memory.enabled and ext_cfg.train
+        empty_extractor_batch = generations_batch(
+            [], ext_cfg.cache_length, ext_cfg.batch_size, self.tokenizer.pad_id
+        ) if fixed_extractor_batch else None
         self.updater = Updater(self.train_cfg, self.mesh, self.extractor_mesh, cfg.rl.max_seq_len,
-                               self.hosts, generations_batch([], e.cache_length, e.batch_size,
-                                                             self.tokenizer.pad_id)
-                               if fixed_extractor_batch else None)
+                               self.hosts, empty_extractor_batch)
         self.actor_loop = build.build_actor_loop(cfg, self.actor_state, self.tokenizer, self.rollout_mesh)
         self.experience = None
         if cfg.memory.enabled:
@@ -141,7 +142,7 @@ class Trainer:
         # the empty extractor batch donates them (unchanged): it then reads a copy.
         params = self.extractor_state.params
         updates = not warm and (cfg.rl.train_actor or extractor_batch is not None)
-        if updates and extractor_batch is None and self.updater.empty_extractor_batch is not None:
+        if updates and extractor_batch is None and self.updater.fills_missing_extractor_batch:
             params = jax.tree.map(jnp.copy, params)
         distilled, seconds = self.distillation.submit(params, trajectories, entries, step,
                                                       in_background=extractor_batch is None)

@@ -54,6 +54,12 @@ class Updater:
     def colocated(self) -> bool:
         return self.extractor_mesh is self.mesh
 
+    @property
+    def fills_missing_extractor_batch(self) -> bool:
+        """Whether an update without an extractor batch carries the empty one, and so takes (and
+        donates) the extractor's state as well."""
+        return self.colocated and self.empty_extractor_batch is not None
+
     def __call__(self, actor_state, extractor_state, trajectories, extractor_batch):
         """(actor state, extractor state, metrics) after one update on this step's episodes and,
         if given, the extractor's batch. The states passed in are donated."""
@@ -66,7 +72,7 @@ class Updater:
             actor_state, extractor_state, metrics = self._split(actor_state, extractor_state,
                                                                 actor_batch, extractor_batch)
             return actor_state, extractor_state, self._with_length(metrics, length)
-        placeholder = extractor_batch is None and self.empty_extractor_batch is not None
+        placeholder = extractor_batch is None and self.fills_missing_extractor_batch
         if placeholder:
             extractor_batch = self.empty_extractor_batch
         batch = TrainBatch(actor_batch, extractor_batch)
