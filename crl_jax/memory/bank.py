@@ -93,8 +93,23 @@ def delete(bank: Bank, ids: jax.Array) -> tuple[Bank, jax.Array]:
 
     Returns the bank and how many slots were freed."""
     hit = _matches(bank, ids) > 0
-    bank = bank.replace(valid=bank.valid & ~hit, entry_id=jnp.where(hit, NEVER, bank.entry_id))
+    bank = bank.replace(valid=bank.valid & ~hit, entry_id=jnp.where(hit, NEVER, bank.entry_id),
+                        keys=_zero_keys_of(bank, ids))
     return bank, hit.sum(dtype=jnp.int32)
+
+
+def _zero_keys_of(bank: Bank, ids: jax.Array) -> jax.Array:
+    """The keys with those of the valid entries `ids` zeroed, so that a deleted entry's key
+    scores 0, like an unused slot's, instead of outscoring live entries: the search's shortcut
+    (`search.masked_top_k`) then holds. A scatter of the D rows, not a pass over every key; the
+    slots are found by sums rather than a flattened argmax, which keeps the slot axis sharded."""
+    p, m, _ = bank.keys.shape
+    ids = jnp.asarray(ids, jnp.int32).reshape(-1)
+    named = (bank.entry_id[None] == ids[:, None, None]) & bank.valid[None]    # [D, P, M]
+    found = named.any((1, 2)) & (ids != NEVER)
+    task = (named * jnp.arange(p, dtype=jnp.int32)[:, None]).sum((1, 2), dtype=jnp.int32)
+    slot = (named * jnp.arange(m, dtype=jnp.int32)).sum((1, 2), dtype=jnp.int32)
+    return bank.keys.at[jnp.where(found, task, p), slot].set(0, mode="drop")
 
 
 def _add_one(bank: Bank, key: jax.Array, task: jax.Array, step: jax.Array):

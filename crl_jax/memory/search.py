@@ -73,8 +73,7 @@ def _local_candidates(keys, valid, entry_id, count, last, slot_index, queries, t
     if keys.shape[0] > 1:
         sims = jnp.take_along_axis(sims, task_ids[:, None, None], axis=1)
     sims = sims[:, 0]                                                        # [B, m]
-    sims = jnp.where(valid[task_ids], sims, -jnp.inf)
-    sim, idx = top_k_by_blocks(sims, min(c, sims.shape[1]))                 # [B, c]
+    sim, idx = masked_top_k(sims, valid, task_ids, min(c, sims.shape[1]))   # [B, c]
     rows = task_ids[:, None]
     live = sim > -jnp.inf
     return (sim, jnp.where(live, entry_id[rows, idx], NEVER), count[rows, idx], last[rows, idx],
@@ -107,6 +106,45 @@ def top_k_by_blocks(x, k: int, block: int = TOP_K_BLOCK):
                          -jnp.inf)
     values, pos = jax.lax.top_k(gathered, k)
     return values, jnp.take_along_axis(index, pos, axis=-1)
+
+
+def masked_top_k(x, valid, rows, k: int, block: int = TOP_K_BLOCK):
+    """`jax.lax.top_k(where(valid[rows], x, -inf), k)` for `x` [B, m], `valid` [P, m] and `rows`
+    [B], same values and indices, without writing the masked copy of `x` when it can: that copy
+    is a pass over the whole score matrix. Where the shortcut cannot prove its answer (see
+    `top_k_in_bounding_blocks`), the masked two-pass top-k runs instead."""
+    m = x.shape[1]
+    masked = lambda: jnp.where(valid[rows], x, -jnp.inf)  # noqa: E731
+    if m < 8 * k * block:
+        return jax.lax.top_k(masked(), k)
+    values, index, exact = top_k_in_bounding_blocks(x, valid, rows, k, block)
+    return jax.lax.cond(exact, lambda: (values, index), lambda: top_k_by_blocks(masked(), k, block))
+
+
+def top_k_in_bounding_blocks(x, valid, rows, k: int, block: int = TOP_K_BLOCK):
+    """`(values, indices, exact)`: the masked top `k` among the best `k` blocks of `block` slots
+    by their unmasked maxima, and whether that is the masked top `k` of the whole row.
+
+    An unmasked block maximum bounds the masked one from above, so the answer is exact when, in
+    every row, the `k`-th value found beats every other block's bound strictly (strictly, so
+    that ties still go to the lower index). It fails where masked-out slots (a deleted entry's
+    key, an empty slot) outscore the live entries."""
+    b, m = x.shape
+    num_blocks = -(-m // block)
+    bound = jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, (1, block), (1, block),
+                                  [(0, 0), (0, num_blocks * block - m)])
+    _, best_blocks = jax.lax.top_k(bound, k)
+    # Not top_k(bound, k + 1): XLA:CPU sorts the whole row for most k.
+    other_bound = jnp.max(bound.at[jnp.arange(b)[:, None], best_blocks].set(-jnp.inf), axis=-1)
+    index = (jnp.sort(best_blocks, axis=-1)[..., None] * block
+             + jnp.arange(block)).reshape(b, k * block)
+    inside = jnp.minimum(index, m - 1)
+    live = (index < m) & valid[rows[:, None], inside]
+    values, pos = jax.lax.top_k(
+        jnp.where(live, jnp.take_along_axis(x, inside, axis=-1), -jnp.inf), k)
+    # min, not values[:, k - 1]: XLA:CPU then keeps its top-k kernel instead of a full sort.
+    exact = jnp.all(jnp.min(values, axis=-1) > other_bound)
+    return values, jnp.take_along_axis(index, pos, axis=-1), exact
 
 
 def _merge(cands, c):

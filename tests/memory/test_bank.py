@@ -27,6 +27,7 @@ def _check(mgr, model):
         ids = b.entry_id[p][b.valid[p]]
         assert sorted(ids) == sorted(model[task]), "bank holds exactly the FIFO model's entries"
         assert (b.entry_id[p][~b.valid[p]] == bk.NEVER).all()
+        assert not b.keys[p][~b.valid[p]].any(), "a free slot's key is zero (deleted or unused)"
     live = b.entry_id[b.valid]
     assert len(set(live.tolist())) == len(live), "entry ids unique"
     assert mgr.store.ids() == set(live.tolist()), "every valid slot has its text, and only those"

@@ -7,7 +7,8 @@ import pytest
 
 from crl_jax import sharding
 from crl_jax.memory import bank as bk
-from crl_jax.memory.search import TOP_K_BLOCK, SearchConfig, search, top_k_by_blocks
+from crl_jax.memory.search import (TOP_K_BLOCK, SearchConfig, masked_top_k, search,
+                                   top_k_by_blocks, top_k_in_bounding_blocks)
 
 
 def random_bank(rng, num_tasks, capacity, dim, fill):
@@ -80,6 +81,49 @@ def test_top_k_by_blocks_equals_top_k(values, m, k, block):
     got = jax.jit(top_k_by_blocks, static_argnums=(1, 2))(x, k, block)
     np.testing.assert_array_equal(np.asarray(got[0]), np.asarray(want[0]))
     np.testing.assert_array_equal(np.asarray(got[1]), np.asarray(want[1]))
+
+
+def masked_rows(case, rng, m=5000):
+    """Scores [6, m] of rows in two partitions, and the partitions' live slots [2, m]."""
+    x = rng.normal(size=(6, m)).astype(np.float32)
+    valid = rng.random((2, m)) < 0.9
+    rows = np.array([0, 1, 0, 1, 1, 0], np.int32)
+    if case == "all_live":
+        valid[:] = True
+    if case == "dead_score_zero":      # free slots' keys are zero (`bank.delete` zeroes them)
+        x = np.where(valid[rows], x, 0.0).astype(np.float32)
+    if case == "dead_score_highest":   # deleted entries' keys outscore every live one
+        x[:, ~valid[0] & ~valid[1]] += 10.0
+    if case == "ties":
+        x = rng.integers(0, 4, (6, m)).astype(np.float32)
+    if case == "mostly_empty":         # fewer live entries than k in some rows
+        valid = rng.random((2, m)) < 0.002
+    return x, valid, rows
+
+
+@pytest.mark.parametrize("case", ["all_live", "some_dead", "dead_score_zero",
+                                  "dead_score_highest", "ties", "mostly_empty"])
+def test_masked_top_k_equals_top_k_of_the_masked_scores(case):
+    x, valid, rows = masked_rows(case, np.random.default_rng(3))
+    want = jax.lax.top_k(np.where(valid[rows], x, -np.inf), 16)
+    got = jax.jit(masked_top_k, static_argnums=(3, 4))(x, valid, rows, 16, 16)
+    np.testing.assert_array_equal(np.asarray(got[0]), np.asarray(want[0]))
+    np.testing.assert_array_equal(np.asarray(got[1]), np.asarray(want[1]))
+
+
+@pytest.mark.parametrize("case,proven", [("all_live", True), ("dead_score_zero", True),
+                                         ("dead_score_highest", False), ("ties", False)])
+def test_the_unmasked_shortcut_is_taken_only_where_it_proves_its_answer(case, proven):
+    """Both branches of `masked_top_k` run in the test above: the shortcut where live slots
+    hold the top (free slots scoring 0, as zeroed keys do, included), the masked fallback where
+    dead slots outscore them or ties blur the bound."""
+    x, valid, rows = masked_rows(case, np.random.default_rng(3))
+    values, index, exact = jax.jit(top_k_in_bounding_blocks, static_argnums=(3, 4))(
+        x, valid, rows, 16, 16)
+    assert bool(exact) == proven
+    if proven:
+        want = jax.lax.top_k(np.where(valid[rows], x, -np.inf), 16)
+        np.testing.assert_array_equal(np.asarray(index), np.asarray(want[1]))
 
 
 @pytest.mark.parametrize("distinct_keys", [None, 30])
