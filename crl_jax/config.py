@@ -92,6 +92,10 @@ class RLConfig:
     # bucket and extractor shape or none. For small extractors, whose padded update costs less
     # than the compiles it saves (the CPU configs).
     fixed_extractor_batch: bool = False
+    # > 0: the LM head and its log-softmax run only at the trained tokens, up to this many per
+    # micro-batch (more: every position, so none is dropped). RL rows are long prompts and
+    # multi-turn context around few response tokens, so most of the head's work is never read.
+    logprob_positions: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,7 +179,8 @@ _POSITIVE = {"steps", "groups_per_step", "group_size", "max_new_tokens", "cache_
 _NON_NEGATIVE = {"seed", "free_per_group", "max_turns", "max_tool_uses", "merge_every", "warmup_steps",
                  "cooldown_steps", "weight_power", "weight_decay", "every", "recency_steps",
                  "diversity_lambda", "learning_rate", "extractor_learning_rate", "clip_eps", "cispo_eps",
-                 "actor_steps", "extractor_steps", "merge_examples", "extractor_devices"}
+                 "actor_steps", "extractor_steps", "merge_examples", "extractor_devices",
+                 "logprob_positions"}
 
 
 def _check_value(path: str, name: str, value: Any, problems: list[str]) -> None:

@@ -4,6 +4,7 @@ The RL losses need log pi(token_t | prefix) only for the realised tokens. At pap
 (T = 32k, V = 152k) the full float32 logits of one sequence take 20 GB, so the LM head is applied
 in time chunks inside a rematerialised scan: the forward keeps one [B, C, V] chunk alive at a time
 and the backward recomputes it. A chunk of 0 disables chunking (one chunk spanning the sequence).
+An RL loss reads few of those positions: `logprobs_at_loss_tokens` runs the head at those only.
 
 Legend: B batch, T time, C time chunk, D model, V vocab.
 """
@@ -69,12 +70,49 @@ def logprobs_from_hidden(hidden, head, tokens, *, chunk: int = 0, with_entropy: 
     return jnp.pad(logp[:, :steps], pad_front), jnp.pad(ent[:, :steps], pad_front)
 
 
+def logprobs_at_loss_tokens(hidden, head, tokens, loss_mask, *, positions: int, chunk: int = 0,
+                            with_entropy: bool = False):
+    """`logprobs_from_hidden` with the LM head and its log-softmax run only where the loss reads
+    them (loss_mask > 0), at up to `positions` tokens gathered from the whole batch; log-probs
+    and entropies are 0 elsewhere, where the loss weighs them by 0. An RL batch trains a few
+    response tokens of long multi-turn rows, so this skips most of the head. A batch with more
+    loss tokens than `positions` takes the every-position path instead (a `lax.cond`, one
+    program either way), so no token is ever dropped."""
+    b, t, d = hidden.shape
+    flat_hidden = hidden[:, :-1].reshape(b * (t - 1), d)
+    targets = jnp.asarray(tokens)[:, 1:].astype(jnp.int32).reshape(-1)
+    wanted = jnp.asarray(loss_mask)[:, 1:].reshape(-1) > 0
+    count = wanted.sum()
+    where = jnp.nonzero(wanted, size=positions, fill_value=0)[0]      # [positions], slot order
+    real = jnp.arange(positions) < count
+
+    def gathered():
+        logp, ent = _chunk_stats(flat_hidden[where][None], head, targets[where][None], with_entropy)
+        # Scatter-add, with the filler slots adding 0: a filler points at a real position.
+        back = lambda x: jnp.zeros(b * (t - 1), x.dtype).at[where].add(  # noqa: E731
+            jnp.where(real, x[0], 0.0)).reshape(b, t - 1)
+        return tuple(jnp.pad(back(x), ((0, 0), (1, 0))) for x in (logp, ent))
+
+    def every_position():
+        return logprobs_from_hidden(hidden, head, tokens, chunk=chunk, with_entropy=with_entropy)
+
+    # Rematerialised branches: differentiating a cond makes both branches output the residuals
+    # either one keeps, so without remat the gathered branch would write zeros as large as the
+    # every-position branch's [B, T, V] logits.
+    return jax.lax.cond(count <= positions, jax.checkpoint(gathered), jax.checkpoint(every_position))
+
+
 def sequence_logprobs(graphdef: nnx.GraphDef, params, batch: PolicyBatch, *, chunk: int = 0,
-                      with_entropy: bool = False):
-    """Token log-probs (and optionally entropies) [B, T] of `batch` under (graphdef, params)."""
+                      with_entropy: bool = False, loss_positions: int = 0):
+    """Token log-probs (and optionally entropies) [B, T] of `batch` under (graphdef, params).
+    With `loss_positions` > 0, only at `batch.loss_mask`'s tokens (`logprobs_at_loss_tokens`)."""
     model = nnx.merge(graphdef, params)
     hidden = model(batch.tokens, positions=batch.positions, attention_mask=batch.attention_mask,
                    return_hidden=True)
+    if loss_positions:
+        return logprobs_at_loss_tokens(hidden, _head_weight(model), batch.tokens, batch.loss_mask,
+                                       positions=loss_positions, chunk=chunk,
+                                       with_entropy=with_entropy)
     return logprobs_from_hidden(hidden, _head_weight(model), batch.tokens, chunk=chunk,
                                 with_entropy=with_entropy)
 

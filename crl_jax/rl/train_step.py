@@ -54,6 +54,7 @@ class TrainConfig:
     extractor_micro_batches: int = 1
     old_logprobs: str = "recompute"
     logprob_chunk: int = 0                     # LM-head time chunk; 0 = whole sequence at once
+    logprob_positions: int = 0                 # head only at up to this many loss tokens; 0 = all
     log_entropy: bool = False
     update_actor: bool = True                  # False: "experience only", the actor stays frozen
     # Batches split along T, not rows (DecoderConfig.context_parallel): one long sequence per
@@ -76,6 +77,8 @@ class TrainConfig:
             problems.append(f"old_logprobs must be one of {OLD_LOGPROBS}, got {self.old_logprobs!r}")
         if not isinstance(self.logprob_chunk, int) or self.logprob_chunk < 0:
             problems.append(f"logprob_chunk must be an int >= 0, got {self.logprob_chunk!r}")
+        if not isinstance(self.logprob_positions, int) or self.logprob_positions < 0:
+            problems.append(f"logprob_positions must be an int >= 0, got {self.logprob_positions!r}")
         if problems:
             raise ValueError("invalid TrainConfig:\n  " + "\n  ".join(problems))
 
@@ -88,7 +91,8 @@ def _loss_and_grads(state: TrainState, batch: PolicyBatch, advantages, loss_cfg:
 
     def loss_fn(params, mb: PolicyBatch, adv):
         logp, entropy = sequence_logprobs(state.graphdef, params, mb, chunk=cfg.logprob_chunk,
-                                          with_entropy=cfg.log_entropy)
+                                          with_entropy=cfg.log_entropy,
+                                          loss_positions=cfg.logprob_positions)
         old = jax.lax.stop_gradient(logp) if cfg.old_logprobs == "recompute" else mb.old_logprobs
         loss, metrics = policy_loss(logp, old, adv, mb.loss_mask, cfg=loss_cfg,
                                     ref_logprobs=mb.ref_logprobs, num_tokens=num_tokens,

@@ -109,7 +109,8 @@ def train_config(cfg: RunConfig) -> TrainConfig:
         actor_loss=LossConfig("ppo", rl.clip_eps, rl.clip_eps, rl.aggregation),
         extractor_loss=LossConfig("cispo", rl.cispo_eps, rl.cispo_eps, "token_mean"),
         advantage_normalization=rl.advantage_normalization, advantage_split=rl.advantage_split,
-        actor_micro_batches=rl.micro_batches, old_logprobs=rl.old_logprobs, update_actor=rl.train_actor)
+        actor_micro_batches=rl.micro_batches, old_logprobs=rl.old_logprobs, update_actor=rl.train_actor,
+        logprob_positions=rl.logprob_positions)
 
 
 def build_actor_loop(cfg: RunConfig, actor_state: TrainState, tokenizer: Tokenizer, mesh) -> ActorLoop:

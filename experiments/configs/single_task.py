@@ -56,10 +56,13 @@ def base_config() -> config_dict.ConfigDict:
     # 20 steps at 5e-4 / 8e-4 ended at 0.38 / 0.44 test success (128 rooms), and 1.5e-3 at 0.27
     # (64 rooms) with twice the invalid actions. One extractor batch shape: a first run compiles 2
     # update programs instead of 6 (docs/benchmarks.md), for a padded nano update on every step.
+    # The LM head only at trained tokens: an update trains 186-469 of the actor's 32 x 1280 and
+    # at most 4 x 384 of the extractor's, both under 2048.
     c.rl = dict(train_actor=True, advantage_normalization="mean_std", advantage_split="subgroup",
                 clip_eps=0.2, cispo_eps=0.1, aggregation="seq_mean_token_mean", learning_rate=8e-4,
                 extractor_learning_rate=1e-4, weight_decay=0.0, max_grad_norm=1.0, micro_batches=1,
-                old_logprobs="sampler", max_seq_len=1280, fixed_extractor_batch=True)
+                old_logprobs="sampler", max_seq_len=1280, fixed_extractor_batch=True,
+                logprob_positions=2048)
     # Before and after RL only, on 128 test rooms each way: with 64, sampling alone moved the
     # measured success by up to 0.1 (the same actors scored 0.33 and 0.24 on 64 and 100 rooms),
     # as much as the change to measure. The training curves show the steps in between.
@@ -99,8 +102,10 @@ def _paper_scale(c: config_dict.ConfigDict) -> None:
     c.extractor.update(batch_size=64, max_new_tokens=8192, cache_length=65536)
     # An extractor update at 64 x 64k tokens on every step would cost more than the compiles
     # its fixed shape saves: the extractor's batches keep their length buckets.
+    # Every position through the head, as the memory fit (benchmarks/aot_tpu.py) was measured.
     c.rl.update(learning_rate=1e-6, extractor_learning_rate=1e-6, max_seq_len=32768,
-                micro_batches=2, old_logprobs="recompute", fixed_extractor_batch=False)
+                micro_batches=2, old_logprobs="recompute", fixed_extractor_batch=False,
+                logprob_positions=0)
     c.mesh_shape = (1, -1, 4)
 
 

@@ -182,10 +182,41 @@ def test_chunked_logprobs_match_full_logits(single):
     np.testing.assert_allclose(got, want, atol=2e-5)
 
 
+def test_head_at_loss_tokens_gives_the_every_position_update(single):
+    """`logprob_positions`: the head only at the loss tokens when they fit, every position when
+    they do not (then bit-identical), and in both cases the same loss, entropy and gradient."""
+    actor, batch = single["actor"], single["batch"].actor
+    adv = jnp.asarray(np.random.default_rng(1).normal(size=batch.tokens.shape[0]), jnp.float32)
+    count = int(np.asarray(batch.loss_mask)[:, 1:].sum())
+    cfgs = {cap: ts.TrainConfig(old_logprobs="sampler", log_entropy=True, logprob_positions=cap)
+            for cap in (0, count + 3, count - 1)}
+
+    @jax.jit
+    def run(params):
+        logp = {cap: logprobs_lib.sequence_logprobs(actor.graphdef, params, batch, with_entropy=True,
+                                                    loss_positions=cap)[0] for cap in cfgs}
+        return logp, {cap: ts._loss_and_grads(actor, batch, adv, c.actor_loss, 1, c)
+                      for cap, c in cfgs.items()}
+
+    logp, out = run(actor.params)
+    loss_mask = np.asarray(batch.loss_mask) > 0
+    loss_mask[:, 0] = False
+    gathered, every = np.asarray(logp[count + 3]), np.asarray(logp[0])
+    np.testing.assert_allclose(gathered[loss_mask], every[loss_mask], rtol=1e-6, atol=1e-6)
+    assert not gathered[~loss_mask].any() and every[~loss_mask].any()
+    np.testing.assert_array_equal(np.asarray(logp[count - 1]), every)   # too many: every position
+    for cap in (count + 3, count - 1):
+        for key in ("loss", "entropy", "clip_frac"):
+            np.testing.assert_allclose(out[cap][0][key], out[0][0][key], rtol=1e-6, atol=1e-7)
+        for a, b in zip(jax.tree.leaves(out[cap][1]), jax.tree.leaves(out[0][1])):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
 def test_config_errors_list_every_problem():
     with pytest.raises(ValueError) as err:
-        ts.TrainConfig(advantage_split="none", actor_micro_batches=0, old_logprobs="cache")
-    assert len(str(err.value).splitlines()) == 4
+        ts.TrainConfig(advantage_split="none", actor_micro_batches=0, old_logprobs="cache",
+                       logprob_positions=-1)
+    assert len(str(err.value).splitlines()) == 5
     with pytest.raises(ValueError, match="not divisible"):
         mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
         ts.make_train_step(ts.TrainConfig(actor_micro_batches=3), mesh, None, None,
