@@ -81,35 +81,40 @@ def bank_logical_axes() -> Bank:
                 train_count=per_slot, last_trained_step=per_slot, next_id=())
 
 
-def _matches(bank: Bank, ids: jax.Array) -> jax.Array:
-    """[P, M] how many of `ids` (NEVER entries ignored) name each valid slot's entry."""
+def _named(bank: Bank, ids: jax.Array) -> jax.Array:
+    """[D, P, M] whether id d (NEVER entries ignored: no valid slot holds NEVER) names valid slot
+    (p, m)."""
     ids = jnp.asarray(ids, jnp.int32).reshape(-1)
-    hits = (bank.entry_id[..., None] == ids).sum(-1, dtype=jnp.int32)
-    return jnp.where(bank.valid, hits, 0)
+    return (bank.entry_id[None] == ids[:, None, None]) & bank.valid[None]
+
+
+def _matches(bank: Bank, ids: jax.Array) -> jax.Array:
+    """[P, M] how many of `ids` name each valid slot's entry."""
+    return _named(bank, ids).sum(0, dtype=jnp.int32)
 
 
 def delete(bank: Bank, ids: jax.Array) -> tuple[Bank, jax.Array]:
     """Remove the entries named by `ids` [D] (NEVER = padding; unknown ids are ignored).
 
     Returns the bank and how many slots were freed."""
-    hit = _matches(bank, ids) > 0
+    named = _named(bank, ids)
+    hit = named.any(0)
     bank = bank.replace(valid=bank.valid & ~hit, entry_id=jnp.where(hit, NEVER, bank.entry_id),
-                        keys=_zero_keys_of(bank, ids))
+                        keys=_zero_named_keys(bank.keys, named))
     return bank, hit.sum(dtype=jnp.int32)
 
 
-def _zero_keys_of(bank: Bank, ids: jax.Array) -> jax.Array:
-    """The keys with those of the valid entries `ids` zeroed, so that a deleted entry's key
-    scores 0, like an unused slot's, instead of outscoring live entries: the search's shortcut
-    (`search.masked_top_k`) then holds. A scatter of the D rows, not a pass over every key; the
-    slots are found by sums rather than a flattened argmax, which keeps the slot axis sharded."""
-    p, m, _ = bank.keys.shape
-    ids = jnp.asarray(ids, jnp.int32).reshape(-1)
-    named = (bank.entry_id[None] == ids[:, None, None]) & bank.valid[None]    # [D, P, M]
-    found = named.any((1, 2)) & (ids != NEVER)
+def _zero_named_keys(keys: jax.Array, named: jax.Array) -> jax.Array:
+    """`keys` with the rows of the slots in `named` [D, P, M] zeroed, so that a deleted entry's
+    key scores 0, like an unused slot's, instead of outscoring live entries: the search's
+    shortcut (`search.masked_top_k`) then holds. A scatter of the D rows, not a pass over every
+    key; each id names at most one slot, found by sums rather than a flattened argmax, which
+    keeps the slot axis sharded."""
+    p, m, _ = keys.shape
+    found = named.any((1, 2))
     task = (named * jnp.arange(p, dtype=jnp.int32)[:, None]).sum((1, 2), dtype=jnp.int32)
     slot = (named * jnp.arange(m, dtype=jnp.int32)).sum((1, 2), dtype=jnp.int32)
-    return bank.keys.at[jnp.where(found, task, p), slot].set(0, mode="drop")
+    return keys.at[jnp.where(found, task, p), slot].set(0, mode="drop")
 
 
 def _add_one(bank: Bank, key: jax.Array, task: jax.Array, step: jax.Array):

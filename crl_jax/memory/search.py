@@ -83,6 +83,11 @@ def _local_candidates(keys, valid, entry_id, count, last, slot_index, queries, t
 TOP_K_BLOCK = 128
 
 
+def _blocks_pay(m: int, k: int, block: int) -> bool:
+    """Whether a row of `m` is long enough for the two passes over blocks to beat one top-k."""
+    return m >= 8 * k * block
+
+
 def top_k_by_blocks(x, k: int, block: int = TOP_K_BLOCK):
     """`jax.lax.top_k(x, k)` along the last axis, same values and indices (ties: lower index), in
     two cheap passes when the axis is long: the best `k` blocks by their maxima hold the best `k`
@@ -90,7 +95,7 @@ def top_k_by_blocks(x, k: int, block: int = TOP_K_BLOCK):
     a top-k over `k * block` gathered entries replace XLA:CPU's top-k over the whole axis, which
     sorts far more than it keeps."""
     *lead, m = x.shape
-    if m < 8 * k * block:
+    if not _blocks_pay(m, k, block):
         return jax.lax.top_k(x, k)
     num_blocks = -(-m // block)
     # A strided window rather than a reshape: XLA:CPU slows the reduction several times over
@@ -113,9 +118,8 @@ def masked_top_k(x, valid, rows, k: int, block: int = TOP_K_BLOCK):
     [B], same values and indices, without writing the masked copy of `x` when it can: that copy
     is a pass over the whole score matrix. Where the shortcut cannot prove its answer (see
     `top_k_in_bounding_blocks`), the masked two-pass top-k runs instead."""
-    m = x.shape[1]
     masked = lambda: jnp.where(valid[rows], x, -jnp.inf)  # noqa: E731
-    if m < 8 * k * block:
+    if not _blocks_pay(x.shape[1], k, block):
         return jax.lax.top_k(masked(), k)
     values, index, exact = top_k_in_bounding_blocks(x, valid, rows, k, block)
     return jax.lax.cond(exact, lambda: (values, index), lambda: top_k_by_blocks(masked(), k, block))

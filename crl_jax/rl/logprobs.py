@@ -89,9 +89,10 @@ def logprobs_at_loss_tokens(hidden, head, tokens, loss_mask, *, positions: int, 
     def gathered():
         logp, ent = _chunk_stats(flat_hidden[where][None], head, targets[where][None], with_entropy)
         # Scatter-add, with the filler slots adding 0: a filler points at a real position.
-        back = lambda x: jnp.zeros(b * (t - 1), x.dtype).at[where].add(  # noqa: E731
-            jnp.where(real, x[0], 0.0)).reshape(b, t - 1)
-        return tuple(jnp.pad(back(x), ((0, 0), (1, 0))) for x in (logp, ent))
+        back = lambda x: jnp.pad(jnp.zeros(b * (t - 1), x.dtype).at[where].add(  # noqa: E731
+            jnp.where(real, x[0], 0.0)).reshape(b, t - 1), ((0, 0), (1, 0)))
+        logp = back(logp)
+        return logp, back(ent) if with_entropy else jnp.zeros_like(logp)
 
     def every_position():
         return logprobs_from_hidden(hidden, head, tokens, chunk=chunk, with_entropy=with_entropy)
