@@ -106,7 +106,7 @@ def masked_rows(case, rng, m=5000):
 def test_masked_top_k_equals_top_k_of_the_masked_scores(case):
     x, valid, rows = masked_rows(case, np.random.default_rng(3))
     want = jax.lax.top_k(np.where(valid[rows], x, -np.inf), 16)
-    got = jax.jit(masked_top_k, static_argnums=(3, 4))(x, valid, rows, 16, 16)
+    got = jax.jit(masked_top_k, static_argnums=(3, 4))(x.T, valid, rows, 16, 16)
     np.testing.assert_array_equal(np.asarray(got[0]), np.asarray(want[0]))
     np.testing.assert_array_equal(np.asarray(got[1]), np.asarray(want[1]))
 
@@ -119,7 +119,7 @@ def test_the_unmasked_shortcut_is_taken_only_where_it_proves_its_answer(case, pr
     dead slots outscore them or ties blur the bound."""
     x, valid, rows = masked_rows(case, np.random.default_rng(3))
     values, index, exact = jax.jit(top_k_in_bounding_blocks, static_argnums=(3, 4))(
-        x, valid, rows, 16, 16)
+        x.T, valid, rows, 16, 16)
     assert bool(exact) == proven
     if proven:
         want = jax.lax.top_k(np.where(valid[rows], x, -np.inf), 16)
