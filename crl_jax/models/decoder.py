@@ -258,8 +258,7 @@ class _LayerMath:
         if self.cached or chunk:
             return (layers.dense("btd,df->btf", h, w["w_gate"], chunk),
                     layers.dense("btd,df->btf", h, w["w_up"], chunk))
-        both = layers.dense("btd,dgf->btgf", h, jnp.stack([w["w_gate"], w["w_up"]], axis=1), chunk)
-        return both[:, :, 0], both[:, :, 1]
+        return layers.stacked_gate_and_up(h, w["w_gate"], w["w_up"])
 
     def finish(self, x, w, attn):
         """Output projection, residual and SwiGLU MLP of one layer."""

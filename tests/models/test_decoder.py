@@ -232,3 +232,26 @@ def test_dense_blocked_sum_is_closer_to_float64():
     np.testing.assert_array_equal(odd, np.asarray(dense("btnh,nhd->btd", x, w)))
     with pytest.raises(ValueError, match="last axes"):
         dense("bdt,df->btf", x[..., 0], w[0], 8)
+
+
+def test_stacked_gate_and_up_gradient_equals_float64_reference():
+    """The MLP's stacked input product carries its own gradient; it must be the true one."""
+    from crl_jax.models.layers import stacked_gate_and_up
+
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((2, 5, 8)).astype(np.float32)
+    w_gate, w_up = (0.3 * rng.standard_normal((2, 8, 6))).astype(np.float32)
+    d_gate, d_up = rng.standard_normal((2, 2, 5, 6)).astype(np.float32)   # cotangents
+
+    def pulled(a, g, u):
+        gate, up = stacked_gate_and_up(a, g, u)
+        return jnp.sum(gate * d_gate) + jnp.sum(up * d_up)
+
+    gate, up = stacked_gate_and_up(x, w_gate, w_up)
+    dx, dg, du = jax.jit(jax.grad(pulled, argnums=(0, 1, 2)))(x, w_gate, w_up)
+    x64, g64, u64 = (a.astype(np.float64) for a in (x, w_gate, w_up))
+    np.testing.assert_allclose(gate, x64 @ g64, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(up, x64 @ u64, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(dx, d_gate @ g64.T + d_up @ u64.T, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(dg, np.einsum("btd,btf->df", x64, d_gate), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(du, np.einsum("btd,btf->df", x64, d_up), rtol=1e-5, atol=1e-5)
