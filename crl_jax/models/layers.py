@@ -82,9 +82,9 @@ def dense(spec: str, x: jax.Array, w: jax.Array, chunk: int = 0, **kwargs) -> ja
 def stacked_gate_and_up(x: jax.Array, w_gate: jax.Array, w_up: jax.Array):
     """The MLP's input projections `(x @ w_gate, x @ w_up)` for x [..., D] and weights [D, F], as
     one product with the weights stacked [D, 2, F]. The gradient is written out: the one JAX
-    derives puts the [N, 2F] cotangent on the left of the weight gradient's product, which XLA:CPU
-    then copies transposed (and pads, to add the two halves); here the two cotangents are stacked
-    once and `x` [N, D] goes on the left."""
+    derives puts the stacked [N, 2F] cotangent on the left of the weight gradient's product,
+    which XLA:CPU then pads together and copies transposed. Here each half takes its own
+    products, with `x` [N, D] on the left of the weight gradients."""
     both = jnp.einsum("...d,dgf->...gf", x, jnp.stack([w_gate, w_up], axis=1))
     return both[..., 0, :], both[..., 1, :]
 
@@ -95,13 +95,14 @@ def _stacked_gate_and_up_fwd(x, w_gate, w_up):
 
 def _stacked_gate_and_up_bwd(residuals, cotangents):
     x, w_gate, w_up = residuals
-    both = jnp.stack(cotangents, axis=-2)                                      # [..., 2, F]
-    dx = jnp.einsum("...gf,dgf->...d", both, jnp.stack([w_gate, w_up], axis=1))
+    d_gate, d_up = cotangents
+    dx = (jnp.einsum("...f,df->...d", d_gate, w_gate)
+          + jnp.einsum("...f,df->...d", d_up, w_up))
     rows = math.prod(x.shape[:-1])
-    # [N, D] x [N, 2, F] -> [D, 2, F]: F is never merged with the 2, so it keeps its sharding.
-    dw = jax.lax.dot_general(x.reshape(rows, x.shape[-1]), both.reshape(rows, *both.shape[-2:]),
-                             (((0,), (0,)), ((), ())))
-    return dx, dw[:, 0].astype(w_gate.dtype), dw[:, 1].astype(w_up.dtype)
+    flat = x.reshape(rows, x.shape[-1])
+    weight_grad = lambda d, w: jax.lax.dot_general(  # noqa: E731  [N, D] x [N, F] -> [D, F]
+        flat, d.reshape(rows, d.shape[-1]), (((0,), (0,)), ((), ()))).astype(w.dtype)
+    return dx, weight_grad(d_gate, w_gate), weight_grad(d_up, w_up)
 
 
 stacked_gate_and_up.defvjp(_stacked_gate_and_up_fwd, _stacked_gate_and_up_bwd)
