@@ -146,8 +146,10 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.A
     angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]
     cos, sin = jnp.cos(angles), jnp.sin(angles)
     x32 = x.astype(jnp.float32)
-    half = x.shape[-1] // 2
-    rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
+    # Halves by split, not by slicing: the gradient of a slice is a zero-padded copy of the
+    # whole vector, added up with the other's, where split's is a concatenation.
+    first, second = jnp.split(x32, 2, axis=-1)
+    rotated = jnp.concatenate([-second, first], axis=-1)
     return (x32 * cos + rotated * sin).astype(x.dtype)
 
 
