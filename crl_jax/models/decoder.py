@@ -246,8 +246,8 @@ class _LayerMath:
 
     def gate_and_up(self, h, w):
         """The MLP's two input projections [B,T,F]. Without a cache (training, scoring) they are
-        one product with the weights stacked [D,2,F]: one larger matmul and one larger backward,
-        about 10% off a tiny actor's update on a CPU, and F keeps its sharding. With a cache
+        one product with the weights stacked [D,2,F] (`layers.stacked_gate_and_up`, whose
+        backward takes each half's products), and F keeps its sharding. With a cache
         (the sampler) each weight is read as it is: stacking would copy both on every token.
         Weights from `split_param_layers` come stacked already, [2F, D], and take one product.
         Otherwise chunked dots (a CPU parity mode) keep the two products too: their rounding is

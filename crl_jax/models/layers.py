@@ -100,8 +100,11 @@ def _stacked_gate_and_up_bwd(residuals, cotangents):
           + jnp.einsum("...f,df->...d", d_up, w_up))
     rows = math.prod(x.shape[:-1])
     flat = x.reshape(rows, x.shape[-1])
-    weight_grad = lambda d, w: jax.lax.dot_general(  # noqa: E731  [N, D] x [N, F] -> [D, F]
-        flat, d.reshape(rows, d.shape[-1]), (((0,), (0,)), ((), ()))).astype(w.dtype)
+
+    def weight_grad(d, w):  # [N, D] x [N, F] -> [D, F], x on the left
+        return jax.lax.dot_general(flat, d.reshape(rows, d.shape[-1]),
+                                   (((0,), (0,)), ((), ()))).astype(w.dtype)
+
     return dx, weight_grad(d_gate, w_gate), weight_grad(d_up, w_up)
 
 
