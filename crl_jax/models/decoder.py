@@ -79,13 +79,16 @@ def split_param_layers(params: nnx.State) -> nnx.State:
     the up projection's, [2F, D], `w_up` is empty, and `w_down` is [D, F]. For a decode step's
     few rows, XLA:CPU's dot library runs products against [out, in] weights faster than against
     [in, out] ones, and one product for gate and up faster than two (both sampler benchmark
-    shapes, docs/benchmarks.md)."""
+    shapes, docs/benchmarks.md). The output projection `wo` is [D, N*H] likewise: kept [N,H,D],
+    XLA:CPU copied it transposed to [H,N,D] on every decoded token, to match the layout it gave
+    the attention's output."""
     out = nnx.State(dict(params))
     split = jax.tree.map(tuple, params["layers"])
     gate, up, down = (split[name].value for name in ("w_gate", "w_up", "w_down"))
     split["w_gate"].value = tuple(jnp.concatenate([g, u], axis=1).T for g, u in zip(gate, up))
     split["w_up"].value = tuple(jnp.zeros((0,), u.dtype) for u in up)
     split["w_down"].value = tuple(d.T for d in down)
+    split["wo"].value = tuple(o.reshape(-1, o.shape[-1]).T for o in split["wo"].value)
     out["layers"] = split
     return out
 
@@ -220,9 +223,9 @@ def _split_along_time(x: jax.Array) -> jax.Array:
 class _LayerMath:
     """One layer's computations around attention, for the scans of `_run_layers`."""
 
-    def __init__(self, cfg, positions, cached: bool, mlp_out_in: bool = False):
+    def __init__(self, cfg, positions, cached: bool, out_in: bool = False):
         self.cfg, self.positions, self.cached = cfg, positions, cached
-        self.mlp_out_in = mlp_out_in  # MLP weights in split_param_layers' [out, in] form
+        self.out_in = out_in  # MLP and output weights in split_param_layers' [out, in] form
         self.inv_freq = layers.rope_inverse_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
         self.dtype, self.chunk = cfg.compute_dtype, cfg.dot_chunk
 
@@ -253,7 +256,7 @@ class _LayerMath:
         Otherwise chunked dots (a CPU parity mode) keep the two products too: their rounding is
         the point."""
         chunk = self.chunk
-        if self.mlp_out_in:
+        if self.out_in:
             return tuple(jnp.split(layers.dense("btd,fd->btf", h, w["w_gate"], chunk), 2, axis=-1))
         if self.cached or chunk:
             return (layers.dense("btd,df->btf", h, w["w_gate"], chunk),
@@ -263,7 +266,10 @@ class _LayerMath:
     def finish(self, x, w, attn):
         """Output projection, residual and SwiGLU MLP of one layer."""
         cfg, chunk = self.cfg, self.chunk
-        out = layers.dense("btnh,nhd->btd", attn, w["wo"], chunk)
+        if self.out_in:
+            out = layers.dense("btf,df->btd", attn.reshape(attn.shape[:2] + (-1,)), w["wo"], chunk)
+        else:
+            out = layers.dense("btnh,nhd->btd", attn, w["wo"], chunk)
         if cfg.o_bias:
             out = out + w["bo"]
         x = x + out
@@ -288,7 +294,7 @@ class _LayerMath:
 
     def _swiglu(self, h, w):
         gate, up = self.gate_and_up(h, w)
-        spec = "btf,df->btd" if self.mlp_out_in else "btf,fd->btd"
+        spec = "btf,df->btd" if self.out_in else "btf,fd->btd"
         return layers.dense(spec, layers.silu(gate) * up, w["w_down"], self.chunk)
 
 
@@ -297,7 +303,7 @@ def _run_layers(cfg, stacked: DecoderLayers, x, positions, key_valid, cache, wri
     weights = {name: getattr(stacked, name).value for name in _layer_param_shapes(cfg)}
     # Per-layer caches (split_cache_layers) come with split_param_layers' weights.
     split = cache is not None and isinstance(cache.k, tuple)
-    math = _LayerMath(cfg, positions, cached=cache is not None, mlp_out_in=split)
+    math = _LayerMath(cfg, positions, cached=cache is not None, out_in=split)
     dtype = cfg.compute_dtype
 
     if cache is None:
