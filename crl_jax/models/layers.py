@@ -208,8 +208,10 @@ def _softmax_attention_bwd(keys_transposed: bool, residuals, d_out):
     d_out_low = d_out.astype(v.dtype)  # the products' input dtype (probs are cast to it too)
     # Products over (G, T) are taken as [H, S] = [H, GT] x [GT, S]: the score-sized operand is
     # then read as it lies and only the small one is transposed (and the small result after).
-    dv = jnp.einsum("bkgth,bkgts->bkhs", d_out_low, probs,
-                    preferred_element_type=jnp.float32).swapaxes(2, 3)
+    # The barrier keeps XLA from folding that last transpose into the product, which it would
+    # then take with both operands transposed, a form XLA:CPU's fast dot library declines.
+    dv = _pinned(jnp.einsum("bkgth,bkgts->bkhs", d_out_low, probs,
+                            preferred_element_type=jnp.float32)).swapaxes(2, 3)
     d_probs = jnp.einsum("bkgth,bksh->bkgts", d_out_low, v, preferred_element_type=jnp.float32)
     # The softmax's backward, with sum_s p d_probs = sum_h out d_out (out = p v); masked keys
     # get no gradient even in a row with no visible key (which the softmax spreads evenly over
@@ -221,8 +223,13 @@ def _softmax_attention_bwd(keys_transposed: bool, residuals, d_out):
     dq = jnp.einsum(f"bkgts,{_key_subscripts(keys_transposed)}->bkgth", d_scores, k,
                     preferred_element_type=jnp.float32)
     dk = jnp.einsum("bkgth,bkgts->bkhs", q, d_scores, preferred_element_type=jnp.float32)
-    dk = dk if keys_transposed else dk.swapaxes(2, 3)
+    dk = dk if keys_transposed else _pinned(dk).swapaxes(2, 3)
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None
+
+
+def _pinned(x: jax.Array) -> jax.Array:
+    """x as computed: no transpose after it is folded into the product that made it."""
+    return jax.lax.optimization_barrier(x)
 
 
 _softmax_attention.defvjp(_softmax_attention_fwd, _softmax_attention_bwd)
