@@ -234,3 +234,31 @@ def test_context_parallel_decoder_equals_the_plain_one():
         split = logits(cfg.replace(attention="splash", attention_block=128, context_parallel=True))
     np.testing.assert_allclose(np.asarray(split)[np.asarray(mask)], np.asarray(plain)[np.asarray(mask)],
                                atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("rows", [1, 2])
+def test_materialized_attention_in_batch_chunks_equals_the_reference(monkeypatch, rows):
+    """On one CPU device a batch whose scores pass the chunk budget is attended a few rows at a
+    time (`lax.map` over chunks); values and gradients stay the reference's."""
+    from crl_jax.models import layers
+
+    batch, time, heads = 4, 37, 4
+    row_bytes = heads * time * time * 4  # one query block: 37 queries against 37 keys
+    monkeypatch.setattr(layers, "CPU_SCORE_CHUNK_BYTES", rows * row_bytes)
+    assert layers._rows_per_chunk(batch, row_bytes) == rows
+    q, k, v, valid, seen, weights = make_case(batch, time, heads, 2, 6, "left", seed=6)
+    fn = lambda q, k, v: attention_lib.attention(q, k, v, valid, implementation="materialized")  # noqa: E731
+    assert_matches_reference(jax.jit(fn), q, k, v, valid, seen, weights)
+
+
+def test_batch_chunks_divide_the_batch_and_leave_a_sharded_batch_whole(monkeypatch):
+    from crl_jax.models import layers
+    from crl_jax.sharding import make_mesh
+
+    monkeypatch.setattr(layers, "CPU_SCORE_CHUNK_BYTES", 4 * 1000)
+    assert layers._rows_per_chunk(6, 1000) == 3  # the largest divisor within the budget
+    assert layers._rows_per_chunk(7, 1000) == 1
+    assert layers._rows_per_chunk(3, 10) == 3  # small scores: the whole batch at once
+    assert layers._rows_per_chunk(3, 10**9) == 1  # one row past the budget: still one row
+    with jax.set_mesh(make_mesh((2, 2, 2))):
+        assert layers._rows_per_chunk(8, 1000) == 8
