@@ -259,16 +259,19 @@ def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Arr
     return out.reshape(q.shape)
 
 
-# Score bytes of one chunk's largest query block on a CPU: about one core's L2 cache. The micro
-# preset's update at 1,024-1,280 tokens takes 0.91-0.92 of the time with it (docs/benchmarks.md).
+# Score bytes of one chunk's largest query block on a CPU: about one core's L2 cache. Batches
+# with up to 4 chunks' worth stay whole: the map's steps cost more than they save there (32
+# windows of 96 tokens: 1.047 of the time in two chunks). The micro preset's update at 1,024-1,280
+# tokens takes 0.90-0.92 of the time with chunks (docs/benchmarks.md).
 CPU_SCORE_CHUNK_BYTES = 4 * 2**20
 
 
 def _rows_per_chunk(batch: int, score_bytes_per_row: int) -> int:
     """Batch rows per chunk of `causal_attention`: the whole batch except on a lone CPU device
-    (a sharded batch, or an accelerator's kernels, are left as they are)."""
+    (a sharded batch, or an accelerator's kernels, are left as they are) with large scores."""
     mesh = jax.sharding.get_abstract_mesh()
-    if jax.default_backend() != "cpu" or (not mesh.empty and mesh.size > 1):
+    if (jax.default_backend() != "cpu" or (not mesh.empty and mesh.size > 1)
+            or batch * score_bytes_per_row <= 4 * CPU_SCORE_CHUNK_BYTES):
         return batch
     fits = max(1, CPU_SCORE_CHUNK_BYTES // score_bytes_per_row)
     return max(c for c in range(1, min(batch, fits) + 1) if batch % c == 0)

@@ -242,7 +242,7 @@ def test_materialized_attention_in_batch_chunks_equals_the_reference(monkeypatch
     time (`lax.map` over chunks); values and gradients stay the reference's."""
     from crl_jax.models import layers
 
-    batch, time, heads = 4, 37, 4
+    batch, time, heads = 12, 37, 4
     row_bytes = heads * time * time * 4  # one query block: 37 queries against 37 keys
     monkeypatch.setattr(layers, "CPU_SCORE_CHUNK_BYTES", rows * row_bytes)
     assert layers._rows_per_chunk(batch, row_bytes) == rows
@@ -256,9 +256,9 @@ def test_batch_chunks_divide_the_batch_and_leave_a_sharded_batch_whole(monkeypat
     from crl_jax.sharding import make_mesh
 
     monkeypatch.setattr(layers, "CPU_SCORE_CHUNK_BYTES", 4 * 1000)
-    assert layers._rows_per_chunk(6, 1000) == 3  # the largest divisor within the budget
-    assert layers._rows_per_chunk(7, 1000) == 1
-    assert layers._rows_per_chunk(3, 10) == 3  # small scores: the whole batch at once
+    assert layers._rows_per_chunk(18, 1000) == 3  # the largest divisor within the budget
+    assert layers._rows_per_chunk(17, 1000) == 1
+    assert layers._rows_per_chunk(16, 1000) == 16  # up to 4 chunks' worth: whole
     assert layers._rows_per_chunk(3, 10**9) == 1  # one row past the budget: still one row
     with jax.set_mesh(make_mesh((2, 2, 2))):
-        assert layers._rows_per_chunk(8, 1000) == 8
+        assert layers._rows_per_chunk(8, 10**9) == 8
