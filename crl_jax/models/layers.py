@@ -228,8 +228,9 @@ def _softmax_attention_bwd(keys_transposed: bool, residuals, d_out):
 
 
 def _pinned(x: jax.Array) -> jax.Array:
-    """x as computed: no transpose after it is folded into the product that made it."""
-    return jax.lax.optimization_barrier(x)
+    """x as computed on a CPU: no transpose after it is folded into the product that made it.
+    Other backends' compilers keep their freedom."""
+    return jax.lax.optimization_barrier(x) if jax.default_backend() == "cpu" else x
 
 
 _softmax_attention.defvjp(_softmax_attention_fwd, _softmax_attention_bwd)
@@ -278,6 +279,7 @@ def _rows_per_chunk(batch: int, score_bytes_per_row: int) -> int:
 
 
 def _causal_blocks(q, k, v, key_mask, block: int):
+    """`causal_attention` over query blocks of `block`, each against the keys up to its end."""
     t = q.shape[1]
     outputs = []
     for start in range(0, t, block):
