@@ -251,7 +251,8 @@ def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Arr
     """
     batch, t, heads = q.shape[:3]
     block = max(min_block, -(-t // max_blocks))
-    rows = _rows_per_chunk(batch, heads * min(block, t) * t * 4)
+    # The largest query block's float32 scores, per batch row.
+    rows = _rows_per_chunk(batch, heads * min(block, t) * t * jnp.dtype(jnp.float32).itemsize)
     if rows == batch:
         return _causal_blocks(q, k, v, key_mask, block)
     chunked = lambda x: x.reshape((batch // rows, rows) + x.shape[1:])
@@ -261,10 +262,11 @@ def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Arr
 
 
 # Score bytes of one chunk's largest query block on a CPU: about one core's L2 cache. Batches
-# with up to 4 chunks' worth stay whole: the map's steps cost more than they save there (32
-# windows of 96 tokens: 1.047 of the time in two chunks). The micro preset's update at 1,024-1,280
-# tokens takes 0.90-0.92 of the time with chunks (docs/benchmarks.md).
+# with up to CPU_WHOLE_BATCH_CHUNKS chunks' worth stay whole: the map's steps cost more than they
+# save there (32 windows of 96 tokens: 1.047 of the time in two chunks). The micro preset's
+# update at 1,024-1,280 tokens takes 0.90-0.92 of the time with chunks (docs/benchmarks.md).
 CPU_SCORE_CHUNK_BYTES = 4 * 2**20
+CPU_WHOLE_BATCH_CHUNKS = 4
 
 
 def _rows_per_chunk(batch: int, score_bytes_per_row: int) -> int:
@@ -272,7 +274,7 @@ def _rows_per_chunk(batch: int, score_bytes_per_row: int) -> int:
     (a sharded batch, or an accelerator's kernels, are left as they are) with large scores."""
     mesh = jax.sharding.get_abstract_mesh()
     if (jax.default_backend() != "cpu" or (not mesh.empty and mesh.size > 1)
-            or batch * score_bytes_per_row <= 4 * CPU_SCORE_CHUNK_BYTES):
+            or batch * score_bytes_per_row <= CPU_WHOLE_BATCH_CHUNKS * CPU_SCORE_CHUNK_BYTES):
         return batch
     fits = max(1, CPU_SCORE_CHUNK_BYTES // score_bytes_per_row)
     return max(c for c in range(1, min(batch, fits) + 1) if batch % c == 0)
