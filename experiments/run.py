@@ -28,6 +28,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(_HERE))
 
 
+
 def define_run_flags(flag_values) -> None:
     from absl import flags
 
@@ -93,7 +94,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    from crl_jax.run import host_memory
-
-    host_memory.reexec_with_huge_pages()  # before jax is imported; see that module
     main(sys.argv[1:])
