@@ -19,6 +19,10 @@ finished step.
 Multi-host: set CRL_JAX_DISTRIBUTED=1 (launch_tpu.sh does) to call jax.distributed.initialize()
 (see crl_jax/run/distributed.py; CRL_JAX_COORDINATOR, CRL_JAX_NUM_PROCESSES and CRL_JAX_PROCESS_ID
 name the coordinator where it is not discovered, e.g. CPU processes on one machine).
+
+On Linux with tcmalloc installed (`apt install libtcmalloc-minimal4`), the run first re-executes
+itself with tcmalloc preloaded: XLA's CPU temporaries are then reused instead of faulted in
+afresh every step (crl_jax/run/host_memory.py). CRL_JAX_MALLOC=system keeps the system's malloc.
 """
 
 import os
@@ -26,7 +30,6 @@ import sys
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(_HERE))
-
 
 
 def define_run_flags(flag_values) -> None:
@@ -94,4 +97,7 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    from crl_jax.run import host_memory
+
+    host_memory.reexec_with_caching_malloc()  # before jax is imported; see that module
     main(sys.argv[1:])

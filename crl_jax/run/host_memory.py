@@ -1,0 +1,65 @@
+"""A caching malloc for runs on a CPU host: tcmalloc, preloaded where the system has it.
+
+XLA's CPU runtime takes each execution's temporaries from malloc and frees them when the
+execution ends. glibc maps blocks that large afresh and unmaps them on free, so every step faults
+its temporaries back in, one zeroed 4 KiB page at a time: for the micro preset's update at
+32 x 1,024 tokens about 970,000 faults and 1.8 s of kernel time a step. tcmalloc keeps freed
+blocks for reuse: no faults after the first step, and that update takes about 0.8 of the time
+(docs/benchmarks.md). glibc cannot be told to do the same (a thread's arena maps any block over
+64 MiB itself, and a single arena makes every thread wait on its lock); jemalloc's defaults hand
+large blocks back at once.
+
+A malloc replaces glibc's only when it is loaded first, so `reexec_with_caching_malloc` runs the
+same command again with tcmalloc in LD_PRELOAD, before anything heavy is imported. It looks for
+libtcmalloc_minimal (Debian and Ubuntu: `apt install libtcmalloc-minimal4`) and, without it, lets
+the run go on with the system's malloc. CRL_JAX_MALLOC=system keeps the system's malloc.
+"""
+
+from __future__ import annotations
+
+import ctypes.util
+import os
+import sys
+
+SWITCH = "CRL_JAX_MALLOC"  # "system": leave malloc alone; "tcmalloc" in the re-executed process
+LIBRARIES = ("tcmalloc_minimal", "tcmalloc")  # the minimal one has no profiler to set up
+# tcmalloc reports every allocation over 1 GiB on stderr; an update's temporaries are that big.
+QUIET_LARGE_ALLOCATIONS = {"TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD": str(2**50)}
+
+
+def find_tcmalloc() -> str | None:
+    """The shared library's name as the dynamic loader finds it, or None."""
+    for name in LIBRARIES:
+        found = ctypes.util.find_library(name)
+        if found:
+            return found
+    return None
+
+
+def caching_malloc_environ(environ, library: str | None) -> dict[str, str]:
+    """The variables to add so that a new process runs on `library`; empty where there is none,
+    the switch is off, or the process has it already."""
+    if (library is None or sys.platform != "linux"
+            or environ.get(SWITCH) in ("system", "tcmalloc")):
+        return {}
+    preloaded = environ.get("LD_PRELOAD", "")
+    if "tcmalloc" in preloaded:
+        return {}
+    extra = {"LD_PRELOAD": ":".join(filter(None, [library, preloaded])), SWITCH: "tcmalloc"}
+    extra.update({k: v for k, v in QUIET_LARGE_ALLOCATIONS.items() if k not in environ})
+    return extra
+
+
+def reexec_with_caching_malloc() -> None:
+    """Replace this process by the same command with tcmalloc preloaded; return at once where
+    `caching_malloc_environ` has nothing to add."""
+    if os.environ.get(SWITCH) in ("system", "tcmalloc") or sys.platform != "linux":
+        return  # decided already: no need to look for the library
+    extra = caching_malloc_environ(os.environ, find_tcmalloc())
+    if not extra:
+        return
+    # Silent: a run's stderr is kept to its own lines (a bad config is one line). The re-executed
+    # process has CRL_JAX_MALLOC=tcmalloc in its environment.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, sys.orig_argv, {**os.environ, **extra})
