@@ -86,3 +86,12 @@ def test_without_tcmalloc_the_command_runs_on(monkeypatch):
     monkeypatch.setattr(host_memory, "find_tcmalloc", lambda: None)
     monkeypatch.delenv(host_memory.SWITCH, raising=False)
     host_memory.reexec_with_caching_malloc()  # returns: nothing to preload
+
+
+def test_an_unknown_switch_value_is_one_line_and_status_2(monkeypatch, capsys):
+    monkeypatch.setenv(host_memory.SWITCH, "glibc")
+    with pytest.raises(SystemExit) as stop:
+        host_memory.reexec_with_caching_malloc()
+    assert stop.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: CRL_JAX_MALLOC='glibc'")

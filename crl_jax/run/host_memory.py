@@ -53,7 +53,12 @@ def caching_malloc_environ(environ, library: str | None) -> dict[str, str]:
 def reexec_with_caching_malloc() -> None:
     """Replace this process by the same command with tcmalloc preloaded; return at once where
     `caching_malloc_environ` has nothing to add."""
-    if os.environ.get(SWITCH) in ("system", "tcmalloc") or sys.platform != "linux":
+    switch = os.environ.get(SWITCH, "")
+    if switch not in ("", "system", "tcmalloc"):
+        print(f"error: {SWITCH}={switch!r}: set it to 'system' to keep the system's malloc, or leave "
+              "it unset", file=sys.stderr)
+        sys.exit(2)
+    if switch or sys.platform != "linux":
         return  # decided already: no need to look for the library
     extra = caching_malloc_environ(os.environ, find_tcmalloc())
     if not extra:
