@@ -18,11 +18,11 @@ linux_only = pytest.mark.skipif(sys.platform != "linux", reason="LD_PRELOAD is t
 
 @linux_only
 def test_library_preloaded_before_what_was_there():
-    extra = host_memory.caching_malloc_environ({}, LIB)
+    extra = host_memory.caching_malloc_environ({}, lambda: LIB)
     assert extra["LD_PRELOAD"] == LIB and extra[host_memory.SWITCH] == "tcmalloc"
     assert extra.keys() >= host_memory.QUIET_LARGE_ALLOCATIONS.keys()
     kept = host_memory.caching_malloc_environ(
-        {"LD_PRELOAD": "libother.so", "TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD": "5"}, LIB)
+        {"LD_PRELOAD": "libother.so", "TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD": "5"}, lambda: LIB)
     assert kept["LD_PRELOAD"] == f"{LIB}:libother.so"
     assert "TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD" not in kept  # the user's own value stays
 
@@ -34,7 +34,7 @@ def test_library_preloaded_before_what_was_there():
     ({}, None),  # not installed
 ])
 def test_nothing_added_where_it_would_change_nothing(environ, library):
-    assert host_memory.caching_malloc_environ(environ, library) == {}
+    assert host_memory.caching_malloc_environ(environ, lambda: library) == {}
 
 
 CHILD = textwrap.dedent("""

@@ -36,14 +36,17 @@ def find_tcmalloc() -> str | None:
     return None
 
 
-def caching_malloc_environ(environ, library: str | None) -> dict[str, str]:
-    """The variables to add so that a new process runs on `library`; empty where there is none,
-    the switch is off, or the process has it already."""
-    if (library is None or sys.platform != "linux"
-            or environ.get(SWITCH) in ("system", "tcmalloc")):
+def caching_malloc_environ(environ, find_library=None) -> dict[str, str]:
+    """The variables to add so that a new process runs on tcmalloc; empty where the switch is off,
+    the process has it already, or `find_library` (default `find_tcmalloc`) finds none. The
+    library is looked for only when it is wanted."""
+    if sys.platform != "linux" or environ.get(SWITCH) in ("system", "tcmalloc"):
         return {}
     preloaded = environ.get("LD_PRELOAD", "")
     if "tcmalloc" in preloaded:
+        return {}
+    library = (find_library or find_tcmalloc)()
+    if library is None:
         return {}
     extra = {"LD_PRELOAD": ":".join(filter(None, [library, preloaded])), SWITCH: "tcmalloc"}
     extra.update({k: v for k, v in QUIET_LARGE_ALLOCATIONS.items() if k not in environ})
@@ -52,15 +55,13 @@ def caching_malloc_environ(environ, library: str | None) -> dict[str, str]:
 
 def reexec_with_caching_malloc() -> None:
     """Replace this process by the same command with tcmalloc preloaded; return at once where
-    `caching_malloc_environ` has nothing to add."""
+    `caching_malloc_environ` has nothing to add. An unknown switch value stops with one line."""
     switch = os.environ.get(SWITCH, "")
     if switch not in ("", "system", "tcmalloc"):
         print(f"error: {SWITCH}={switch!r}: set it to 'system' to keep the system's malloc, or leave "
               "it unset", file=sys.stderr)
         sys.exit(2)
-    if switch or sys.platform != "linux":
-        return  # decided already: no need to look for the library
-    extra = caching_malloc_environ(os.environ, find_tcmalloc())
+    extra = caching_malloc_environ(os.environ)
     if not extra:
         return
     # Silent: a run's stderr is kept to its own lines (a bad config is one line). The re-executed
