@@ -23,6 +23,11 @@ import functools  # noqa: E402
 import json  # noqa: E402
 import time  # noqa: E402
 
+from crl_jax.run import host_memory  # noqa: E402
+
+# Both sides on the allocator `experiments/run.py` runs on: tcmalloc where installed.
+host_memory.reexec_with_caching_malloc()
+
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
@@ -138,6 +143,7 @@ def main():
     results = [run(*map(int, s.split("x")), args.repeats, rng, peak) for s in args.sizes.split(",")]
     print(json.dumps({"benchmark": "retrieval", "device": jax.devices()[0].platform,
                       "cpus": os.cpu_count(), "xla_flags": os.environ.get("XLA_FLAGS", ""),
+                      "malloc": host_memory.malloc_in_use(),
                       "results": results}))
 
 

@@ -25,6 +25,11 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from crl_jax.run import host_memory  # noqa: E402
+
+# Both sides on the allocator `experiments/run.py` runs on: tcmalloc where installed.
+host_memory.reexec_with_caching_malloc()
+
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
@@ -162,7 +167,7 @@ def main(argv=None):
             "crl_jax_gflops": round(gflops, 2), "matmul_peak_gflops": round(peak, 2),
             "fraction_of_peak": round(gflops / peak, 3),
             "devices": str(jax.devices()[0].platform), "torch_threads": torch.get_num_threads(),
-            "jax_threads": os.cpu_count(),
+            "jax_threads": os.cpu_count(), "malloc": host_memory.malloc_in_use(),
         }), flush=True)
 
 

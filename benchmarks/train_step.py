@@ -26,6 +26,11 @@ import time
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from crl_jax.run import host_memory  # noqa: E402
+
+# Both sides on the allocator `experiments/run.py` runs on: tcmalloc where installed.
+host_memory.reexec_with_caching_malloc()
+
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
@@ -173,6 +178,7 @@ def main():
         "crl_jax_achieved_gflops": round(achieved / 1e9, 1),
         "crl_jax_fraction_of_matmul_peak": round(achieved / peak, 3),
         "embed_max_abs_diff_after_step1_in_lr_units": round(step1_diff / LR, 4),
+        "malloc": host_memory.malloc_in_use(),
     }))
 
 

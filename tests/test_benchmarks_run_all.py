@@ -37,7 +37,7 @@ SAMPLER_OUT = "\n".join(json.dumps({
 
 RETRIEVAL_OUT = json.dumps({"benchmark": "retrieval", "results": [{
     "bank": "20000x384", "queries": 128, "top_k": 16, "crl_jax_ms": 1.5, "faiss_rerank_ms": 3.0,
-    "ratio_crl_jax_over_faiss": 0.5, "faiss_threads": 1, "same_top1": 1.0}]})
+    "ratio_crl_jax_over_faiss": 0.5, "faiss_threads": 1, "same_top1": 1.0}], "malloc": "tcmalloc"})
 
 AOT_OUT = "\n".join([
     json.dumps({"topology": "v5p:2x2x1", "chips": 4, "fits": True, "error": None,
@@ -62,7 +62,9 @@ def test_rows_from_script_outputs_ratio_target_and_met():
 
     (r,) = run_all.collect(BENCH["retrieval"], "c", 0, RETRIEVAL_OUT, "", 1.0)["rows"]
     assert (r["crl_jax"], r["reference"], r["ratio"], r["target"], r["met"]) == (
-        1.5, 3.0, 0.5, None, None)
+        1.5, 3.0, 0.5, "<= 1", True)
+    # The allocator both sides ran on is part of the figure; unlabelled outputs ran on the system's.
+    assert "malloc tcmalloc" in r["notes"] and "malloc system" in rows[0]["notes"]
 
     fits, oom = run_all.collect(BENCH["aot_tpu"], "c", 0, AOT_OUT, "", 1.0)["rows"]
     assert fits["met"] is True and fits["crl_jax"] == 80.0 and fits["reference"] == 95.74

@@ -37,6 +37,12 @@ def test_nothing_added_where_it_would_change_nothing(environ, library):
     assert host_memory.caching_malloc_environ(environ, lambda: library) == {}
 
 
+def test_label_names_the_preloaded_allocator():
+    assert host_memory.malloc_in_use({"LD_PRELOAD": f"/usr/lib/{LIB}:libother.so"}) == "tcmalloc"
+    assert host_memory.malloc_in_use({"LD_PRELOAD": "libother.so"}) == "system"
+    assert host_memory.malloc_in_use({}) == "system"
+
+
 CHILD = textwrap.dedent("""
     import ctypes, json, os, resource, sys
     sys.path.insert(0, {root!r})

@@ -53,6 +53,12 @@ def caching_malloc_environ(environ, find_library=None) -> dict[str, str]:
     return extra
 
 
+def malloc_in_use(environ=None) -> str:
+    """"tcmalloc" where this process has it preloaded, else "system" (a benchmark's label)."""
+    environ = os.environ if environ is None else environ
+    return "tcmalloc" if "tcmalloc" in environ.get("LD_PRELOAD", "") else "system"
+
+
 def reexec_with_caching_malloc() -> None:
     """Replace this process by the same command with tcmalloc preloaded; return at once where
     `caching_malloc_environ` has nothing to add. An unknown switch value stops with one line."""
