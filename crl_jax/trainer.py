@@ -36,7 +36,7 @@ from crl_jax.rollout.credit import ExtractorCredit
 from crl_jax.rollout.distillation import DistillationQueue
 from crl_jax.rollout.task_stream import TaskStream
 from crl_jax.rollout.trajectory import EpisodeSpec, generations_batch, group_specs
-from crl_jax.run import build, distributed, episodes, graceful_stop, workdir_lock
+from crl_jax.run import build, distributed, episodes, graceful_stop, host_memory, workdir_lock
 from crl_jax.run import metrics as metrics_lib
 from crl_jax.run.checkpoint import Checkpointer
 from crl_jax.run.evaluation import Evaluator, episode_seed
@@ -161,6 +161,7 @@ class Trainer:
             metrics.update(experience.bank_metrics(step))
         metrics["extractor/buffer_size"] = float(len(self.credit.buffer))
         metrics[metrics_lib.TIME_STEP] = time.perf_counter() - started
+        metrics.update(metrics_lib.host_memory_metrics(host_memory.usage()))
         return metrics
 
     # ---- checkpoints -----------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """host_memory: when a run asks to be re-executed with tcmalloc, that the new command is the same one
 with the library preloaded, and that it does what it is for: blocks as large as an update's
-temporaries, allocated, touched and freed over and over, stop faulting in fresh pages."""
+temporaries, allocated, touched and freed over and over, stop faulting in fresh pages; and that
+`usage`, the memory a run logs each step, follows what is resident and what tcmalloc holds free."""
 
 import json
 import os
@@ -8,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 
 from crl_jax.run import host_memory
@@ -56,7 +58,8 @@ CHILD = textwrap.dedent("""
         ctypes.memset(block, 1, 64 * 2**20)
         libc.free(block)
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-    print(json.dumps([os.environ.get("LD_PRELOAD", ""), sys.argv[1:], faults]))
+    print(json.dumps([os.environ.get("LD_PRELOAD", ""), sys.argv[1:], faults,
+                      host_memory.usage().malloc_free_gb]))
 """)
 
 
@@ -76,12 +79,23 @@ def test_reexecuted_command_is_the_same_and_stops_faulting(tmp_path):
     library = host_memory.find_tcmalloc()
     if library is None:
         pytest.skip("tcmalloc is not installed (apt install libtcmalloc-minimal4)")
-    stderr, preloaded, argv, faults = _child(tmp_path, switch=None)
+    stderr, preloaded, argv, faults, held = _child(tmp_path, switch=None)
     assert preloaded == library and argv == ["--flag=1", "two"] and stderr == ""
-    _, preloaded_without, _, faults_without = _child(tmp_path, switch="system")
-    assert preloaded_without == ""
+    assert held >= 64 * 2**20 / 1e9  # the freed block, kept for reuse, is what usage() reports
+    _, preloaded_without, _, faults_without, held_without = _child(tmp_path, switch="system")
+    assert preloaded_without == "" and held_without is None
     assert faults_without > 8 * 10_000  # about 16,000 fresh 4 KiB pages for every block
     assert faults < faults_without / 4  # tcmalloc: the first block's pages only, then reused
+
+
+@linux_only
+def test_usage_follows_resident_memory():
+    before = host_memory.usage()
+    block = np.ones(50_000_000)  # 400 MB, every page touched
+    during = host_memory.usage()
+    assert during.rss_gb - before.rss_gb > 0.35
+    assert during.peak_rss_gb >= during.rss_gb - 1e-3  # the peak counts what is resident now
+    del block
 
 
 def test_without_tcmalloc_the_command_runs_on(monkeypatch):

@@ -13,13 +13,20 @@ A malloc replaces glibc's only when it is loaded first, so `reexec_with_caching_
 same command again with tcmalloc in LD_PRELOAD, before anything heavy is imported. It looks for
 libtcmalloc_minimal (Debian and Ubuntu: `apt install libtcmalloc-minimal4`) and, without it, lets
 the run go on with the system's malloc. CRL_JAX_MALLOC=system keeps the system's malloc.
+
+`usage` reads the figures a run logs each step: resident memory now and at its peak, and the
+bytes tcmalloc holds free for reuse (resident, but in use by nothing), which is its price.
 """
 
 from __future__ import annotations
 
+import ctypes
 import ctypes.util
+import functools
 import os
+import resource
 import sys
+from typing import NamedTuple
 
 SWITCH = "CRL_JAX_MALLOC"  # "system": leave malloc alone; "tcmalloc" in the re-executed process
 LIBRARIES = ("tcmalloc_minimal", "tcmalloc")  # the minimal one has no profiler to set up
@@ -75,3 +82,39 @@ def reexec_with_caching_malloc() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, sys.orig_argv, {**os.environ, **extra})
+
+
+class HostMemory(NamedTuple):
+    rss_gb: float               # resident now
+    peak_rss_gb: float          # the most resident so far
+    malloc_free_gb: float | None  # held free by tcmalloc for reuse; None on another malloc
+
+
+def usage() -> HostMemory:
+    """This process's memory now (1 GB = 1e9 bytes)."""
+    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak = peak_kib if sys.platform == "darwin" else peak_kib * 1024  # darwin reports bytes
+    try:
+        with open("/proc/self/statm") as f:
+            rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:  # no /proc: the peak is the best figure there is
+        rss = peak
+    read = _tcmalloc_property()
+    free = None if read is None else read("tcmalloc.pageheap_free_bytes")
+    return HostMemory(rss / 1e9, peak / 1e9, None if free is None else free / 1e9)
+
+
+@functools.lru_cache(maxsize=None)
+def _tcmalloc_property():
+    """A reader of tcmalloc's numeric properties (name -> bytes or None), where it is loaded."""
+    if malloc_in_use() != "tcmalloc":
+        return None
+    get = getattr(ctypes.CDLL(None), "MallocExtension_GetNumericProperty", None)
+    if get is None:
+        return None
+    get.argtypes, get.restype = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_size_t)], ctypes.c_int
+
+    def read(name: str) -> int | None:
+        value = ctypes.c_size_t()
+        return value.value if get(name.encode(), ctypes.byref(value)) else None
+    return read

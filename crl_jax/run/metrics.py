@@ -75,6 +75,15 @@ TIME_ACTOR_ROLLOUT = "time/actor_rollout_s"
 TIME_ACTOR_UPDATE = "time/actor_update_s"
 TIME_EXTRACTOR = "time/extractor_s"
 TIME_EVAL = "time/eval_s"
+HOST_RSS, HOST_PEAK_RSS = "host/rss_gb", "host/peak_rss_gb"
+HOST_MALLOC_FREE = "host/malloc_free_gb"
+# Figures of the machine, not of the training: two identical runs log different values.
+MACHINE_PREFIXES = ("time/", "host/")
+
+
+def is_machine_figure(name: str) -> bool:
+    """Whether a metrics.jsonl key (the row's "time" included) measures the machine."""
+    return name == "time" or name.startswith(MACHINE_PREFIXES)
 
 METRIC_DOCS: dict[str, str] = {
     TRAIN_SUCCESS: "fraction of the step's training episodes that succeeded",
@@ -115,7 +124,19 @@ METRIC_DOCS: dict[str, str] = {
     TIME_EXTRACTOR: "wall seconds of extractor work on the critical path: waiting for the previous "
                     "step's distillation, merging, and distilling in the foreground",
     TIME_EVAL: "wall seconds of evaluation (eval steps only)",
+    HOST_RSS: "this host process's resident memory at the end of the step, GB",
+    HOST_PEAK_RSS: "the most resident memory the process has had so far, GB",
+    HOST_MALLOC_FREE: "memory tcmalloc holds free for reuse (resident, unused), GB; logged only "
+                      "where the run preloads tcmalloc (crl_jax/run/host_memory.py)",
 }
+
+
+def host_memory_metrics(usage) -> dict[str, float]:
+    """The host-memory scalars of a `host_memory.usage()` reading."""
+    out = {HOST_RSS: usage.rss_gb, HOST_PEAK_RSS: usage.peak_rss_gb}
+    if usage.malloc_free_gb is not None:
+        out[HOST_MALLOC_FREE] = usage.malloc_free_gb
+    return out
 
 
 def _as_float(name: str, value) -> float:

@@ -15,6 +15,7 @@ import sys
 import numpy as np
 import pytest
 
+from crl_jax.run.metrics import is_machine_figure
 from tests.trainer.conftest import subprocess_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -64,7 +65,7 @@ def _launch(out, devices, sections, cache, processes=1):
 
 
 def _strip_times(rows):
-    return [{k: v for k, v in r.items() if k != "time" and not k.startswith("time/")} for r in rows]
+    return [{k: v for k, v in r.items() if not is_machine_figure(k)} for r in rows]
 
 
 def _assert_banks_equal(a, b, exact_keys=True):

@@ -11,6 +11,7 @@ import resource
 import subprocess
 import sys
 
+from crl_jax.run.metrics import is_machine_figure
 from tests.trainer.conftest import compile_cache, subprocess_env  # noqa: F401 (a fixture)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -31,7 +32,7 @@ def run(workdir, cache, steps, limit=None):
 def metric_rows(workdir):
     with open(os.path.join(workdir, "metrics.jsonl")) as f:
         rows = [json.loads(line) for line in f]
-    return [{k: v for k, v in r.items() if k != "time" and not k.startswith("time/")} for r in rows]
+    return [{k: v for k, v in r.items() if not is_machine_figure(k)} for r in rows]
 
 
 def test_a_full_disk_during_a_save_keeps_the_previous_step(tmp_path, compile_cache):

@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from crl_jax.run.metrics import is_machine_figure
 from tests.trainer.conftest import subprocess_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -53,7 +54,7 @@ def run_cli(workdir, cache, steps: int, *extra):
 def metric_rows(workdir):
     with open(os.path.join(workdir, "metrics.jsonl")) as f:
         rows = [json.loads(line) for line in f]
-    return [{k: v for k, v in r.items() if k != "time" and not k.startswith("time/")} for r in rows]
+    return [{k: v for k, v in r.items() if not is_machine_figure(k)} for r in rows]
 
 
 @pytest.fixture(scope="module")

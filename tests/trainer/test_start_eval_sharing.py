@@ -10,6 +10,7 @@ import pytest
 
 from crl_jax import trainer as trainer_lib
 from crl_jax.run import evaluation
+from crl_jax.run.metrics import is_machine_figure
 
 WARM = {"warm_start/actor_loss": 0.5, "warm_start/actor_fingerprint": 1234.0, "warm_start/time_s": 9.0}
 
@@ -28,7 +29,7 @@ def counted_evaluate(monkeypatch):
 
 
 def _without_time(metrics):
-    return {k: v for k, v in metrics.items() if not k.startswith("time/")}
+    return {k: v for k, v in metrics.items() if not is_machine_figure(k)}
 
 
 def test_training_switches_play_the_same_start_evaluation_and_share_it(
