@@ -67,7 +67,8 @@ def sampler_rows(records: list[dict]) -> list[dict]:
             r["crl_jax_tokens_per_s"], r["transformers_tokens_per_s"], "tokens/s",
             ratio=r["ratio"], target=None if target is None else (">=", target),
             notes=(f"vs transformers (torch {r['torch_threads']} thread(s)); tokens equal "
-                   f"{r['tokens_equal_fraction']:.2f}; {r['fraction_of_peak']:.1%} of matmul peak; {_malloc(r)}")))
+                   f"{r['tokens_equal_fraction']:.2f}; {r['fraction_of_peak']:.1%} of matmul peak; "
+                   f"{_malloc(r)}")))
     return rows
 
 

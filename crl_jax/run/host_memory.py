@@ -85,13 +85,14 @@ def reexec_with_caching_malloc() -> None:
 
 
 class HostMemory(NamedTuple):
+    """One reading of this process's memory, in GB (1e9 bytes)."""
     rss_gb: float               # resident now
     peak_rss_gb: float          # the most resident so far
     malloc_free_gb: float | None  # held free by tcmalloc for reuse; None on another malloc
 
 
 def usage() -> HostMemory:
-    """This process's memory now (1 GB = 1e9 bytes)."""
+    """This process's memory now."""
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     peak = peak_kib if sys.platform == "darwin" else peak_kib * 1024  # darwin reports bytes
     try:
