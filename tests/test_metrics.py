@@ -111,6 +111,16 @@ def test_bad_inputs_are_named(tmp_path, step, scalars, match):
         m.MetricsWriter(str(tmp_path), enabled=True).write(step, scalars)
 
 
+def test_machine_figures_are_told_from_training_figures():
+    """Runs are compared with the machine's figures left out; a training figure must never be."""
+    machine = ["time", m.TIME_STEP, "start/time/eval_s", "warm_start/time_s", m.HOST_RSS,
+               m.HOST_MALLOC_FREE]
+    training = [m.TRAIN_SUCCESS, m.EVAL_WITH_EXP_ACTIONS, m.BANK_SIZE, "warm_start/actor_loss",
+                "train/success/minihack/room-ultimate-5x5", "step"]
+    assert all(map(m.is_machine_figure, machine))
+    assert not any(map(m.is_machine_figure, training))
+
+
 def test_aggregate_episodes_means_and_per_task_breakdown():
     eps = [{"task": "door", "success": True, "actions": 4, "tool_calls": 2},
            {"task": "door", "success": False, "actions": 10},

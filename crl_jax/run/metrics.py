@@ -77,13 +77,15 @@ TIME_EXTRACTOR = "time/extractor_s"
 TIME_EVAL = "time/eval_s"
 HOST_RSS, HOST_PEAK_RSS = "host/rss_gb", "host/peak_rss_gb"
 HOST_MALLOC_FREE = "host/malloc_free_gb"
-# Figures of the machine, not of the training: two identical runs log different values.
-MACHINE_PREFIXES = ("time/", "host/")
 
 
 def is_machine_figure(name: str) -> bool:
-    """Whether a metrics.jsonl key (the row's "time" included) measures the machine."""
-    return name == "time" or name.startswith(MACHINE_PREFIXES)
+    """Whether a metrics.jsonl key measures the machine, not the training, so that two identical
+    runs log different values: the row's "time", timings ("time/...", "start/time/eval_s",
+    "warm_start/time_s") and host memory ("host/...")."""
+    parts = name.split("/")
+    return "time" in parts or "host" in parts or parts[-1] == "time_s"
+
 
 METRIC_DOCS: dict[str, str] = {
     TRAIN_SUCCESS: "fraction of the step's training episodes that succeeded",

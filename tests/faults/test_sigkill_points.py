@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 
+from crl_jax.run.metrics import is_machine_figure
 from tests.trainer.conftest import compile_cache, subprocess_env  # noqa: F401 (a fixture)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -33,7 +34,7 @@ def rows(path):
     if not os.path.exists(path):
         return []
     with open(path) as f:
-        return [{k: v for k, v in json.loads(line).items() if "time" not in k} for line in f]
+        return [{k: v for k, v in json.loads(line).items() if not is_machine_figure(k)} for line in f]
 
 
 def test_sigkill_anywhere_then_restart_logs_the_uninterrupted_run(tmp_path, compile_cache):
