@@ -49,9 +49,9 @@ def caching_malloc_environ(environ, find_library=None) -> dict[str, str]:
     library is looked for only when it is wanted."""
     if sys.platform != "linux" or environ.get(SWITCH) in ("system", "tcmalloc"):
         return {}
-    preloaded = environ.get("LD_PRELOAD", "")
-    if "tcmalloc" in preloaded:
+    if malloc_in_use(environ) == "tcmalloc":
         return {}
+    preloaded = environ.get("LD_PRELOAD", "")
     library = (find_library or find_tcmalloc)()
     if library is None:
         return {}
@@ -100,22 +100,25 @@ def usage() -> HostMemory:
             rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except OSError:  # no /proc: the peak is the best figure there is
         rss = peak
-    read = _tcmalloc_property()
-    free = None if read is None else read("tcmalloc.pageheap_free_bytes")
+    free = _tcmalloc_free_bytes()
     return HostMemory(rss / 1e9, peak / 1e9, None if free is None else free / 1e9)
 
 
+def _tcmalloc_free_bytes() -> int | None:
+    """The bytes tcmalloc's page heap holds free (mapped, unused), or None without tcmalloc."""
+    get = _tcmalloc_get_property()
+    value = ctypes.c_size_t()
+    if get is None or not get(b"tcmalloc.pageheap_free_bytes", ctypes.byref(value)):
+        return None
+    return value.value
+
+
 @functools.lru_cache(maxsize=None)
-def _tcmalloc_property():
-    """A reader of tcmalloc's numeric properties (name -> bytes or None), where it is loaded."""
+def _tcmalloc_get_property():
+    """tcmalloc's C `MallocExtension_GetNumericProperty`, where this process has it preloaded."""
     if malloc_in_use() != "tcmalloc":
         return None
     get = getattr(ctypes.CDLL(None), "MallocExtension_GetNumericProperty", None)
-    if get is None:
-        return None
-    get.argtypes, get.restype = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_size_t)], ctypes.c_int
-
-    def read(name: str) -> int | None:
-        value = ctypes.c_size_t()
-        return value.value if get(name.encode(), ctypes.byref(value)) else None
-    return read
+    if get is not None:
+        get.argtypes, get.restype = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_size_t)], ctypes.c_int
+    return get
